@@ -1,0 +1,103 @@
+"""Command line: ``python -m harombe {demo,images,doctor}``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+
+import structlog
+
+
+def _quiet_logs(verbose: bool) -> None:
+    level = logging.DEBUG if verbose else logging.WARNING
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    )
+
+
+async def demo() -> int:
+    """Run Python, JavaScript and shell in gVisor sandboxes and print what came back."""
+    from harombe.security.docker_manager import DockerManager
+    from harombe.security.sandbox_manager import SandboxManager
+    from harombe.tools.code_execution import CodeExecutionTools
+
+    docker_manager = DockerManager()
+    await docker_manager.start()
+    sandbox_manager = SandboxManager(docker_manager=docker_manager, runtime="runsc")
+    await sandbox_manager.start()
+    tools = CodeExecutionTools(sandbox_manager=sandbox_manager)
+    programs = {
+        "python": "import platform, sys\nprint(f'Python {sys.version.split()[0]} on "
+        "{platform.uname().release} (gVisor\\'s kernel)')\nprint(sum(range(10)))",
+        "javascript": "console.log(`Node.js ${process.version}`);\n"
+        "console.log([1, 2, 3, 4, 5].reduce((a, b) => a + b, 0));",
+        "shell": 'echo "Bash $BASH_VERSION as $(id -un)"\nls -la /workspace\n'
+        "dmesg 2>/dev/null | head -n 1 || true",
+    }
+    failures = 0
+    try:
+        for language, code in programs.items():
+            result = await tools.code_execute(language=language, code=code)
+            failures += not result["success"]
+            print(f"== {language}: success={result['success']} exit_code={result['exit_code']} "
+                  f"runtime={result.get('runtime')} time={result['execution_time']:.3f}s")
+            print(result["stdout"].rstrip() or "(no output)")
+            if result["stderr"] or result["error"]:
+                print(f"stderr: {result['stderr'].rstrip()}  error: {result['error']}")
+            await tools.code_destroy_sandbox(result["sandbox_id"])
+    finally:
+        await sandbox_manager.stop()
+        await docker_manager.stop()
+    return 1 if failures else 0
+
+
+async def doctor() -> int:
+    """Check Docker, the runsc runtime and the sandbox image; say what to fix."""
+    from harombe.config import load_config
+    from harombe.errors import HarombeError
+    from harombe.security.docker_manager import DockerManager
+
+    config = load_config().security.sandbox
+    manager = DockerManager()
+    try:
+        await manager.start()
+        runtimes = await manager.runtimes()
+        print(f"docker: ok; runtimes: {', '.join(sorted(runtimes))}")
+        if config.runtime not in runtimes:
+            print(f"runtime {config.runtime}: MISSING (run scripts/setup.sh)")
+            return 1
+        for language in ("python", "javascript", "shell"):
+            image = config.image_for(language)
+            await manager.image_id(image)
+            print(f"image for {language}: {image} ok")
+    except HarombeError as exc:
+        print(f"harombe doctor: {exc}")
+        return 1
+    finally:
+        await manager.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="harombe")
+    parser.add_argument("-v", "--verbose", action="store_true", help="show harombe's log events")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("demo", help="run Python, JavaScript and shell in gVisor and print results")
+    sub.add_parser("doctor", help="check Docker, runsc and the sandbox image")
+    images = sub.add_parser("images", help="build the sandbox image from Debian packages")
+    images.add_argument("action", choices=["build"])
+    images.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    args = parser.parse_args(argv)
+    _quiet_logs(args.verbose)
+    if args.command == "images":
+        from harombe.images import main as images_main
+
+        return images_main(["--force"] if args.force else [])
+    return asyncio.run(demo() if args.command == "demo" else doctor())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

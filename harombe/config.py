@@ -1,0 +1,202 @@
+"""Configuration: the usage guide's ``harombe.yaml`` schema as strict pydantic models.
+
+Precedence, lowest to highest: built-in defaults < YAML file < ``HAROMBE__…`` environment
+variables < constructor arguments (applied by the caller with :func:`override`).
+
+Environment overrides use double underscores for nesting, and values are parsed as YAML
+scalars, so ``HAROMBE__SECURITY__SANDBOX__LIMITS__MAX_MEMORY_MB=1024`` sets
+``security.sandbox.limits.max_memory_mb`` to the integer 1024.
+
+Unknown keys are rejected with a message that names the key and lists the valid ones, because a
+misspelt limit that is silently ignored is a limit that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harombe.errors import ConfigError
+
+Language = Literal["python", "javascript", "shell"]
+LANGUAGES: tuple[Language, ...] = ("python", "javascript", "shell")
+DEFAULT_IMAGE = "harombe/sandbox:latest"
+ENV_PREFIX = "HAROMBE__"
+CONFIG_PATH_ENV = "HAROMBE_CONFIG"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Limits(_Strict):
+    """Per-sandbox resource limits; names carry their units."""
+
+    max_memory_mb: int = Field(512, ge=32, description="RAM for user processes, summed")
+    max_cpu_cores: float = Field(0.5, gt=0, le=64)
+    max_disk_mb: int = Field(1024, ge=1, description="size of the /workspace tmpfs")
+    max_execution_time: float = Field(30, gt=0, description="cap on any call's timeout, seconds")
+    max_output_bytes: int = Field(1_048_576, ge=1, description="per stream, stdout and stderr")
+    max_pids: int = Field(128, ge=8, description="processes and threads in one sandbox")
+    max_file_bytes: int = Field(64 * 1_048_576, ge=1, description="largest file read or written")
+    kill_grace_s: float = Field(2.0, ge=0, le=30, description="SIGTERM to SIGKILL on timeout")
+
+
+class NetworkConfig(_Strict):
+    enabled_by_default: bool = False
+    # Empty lists mean "whatever this machine's pip / npm configuration points at", read at run
+    # time; registry host names are never written into configuration shipped with harombe.
+    allowed_registries: dict[Literal["pypi", "npm"], list[str]] = Field(
+        default_factory=lambda: {"pypi": [], "npm": []}
+    )
+
+
+class LanguageConfig(_Strict):
+    image: str = DEFAULT_IMAGE
+
+
+def _default_languages() -> dict[Language, LanguageConfig]:
+    return {lang: LanguageConfig() for lang in LANGUAGES}
+
+
+class SandboxConfig(_Strict):
+    enabled: bool = True
+    runtime: str = "runsc"
+    # Opting out of gVisor must be explicit; results then say which runtime ran the code.
+    allow_insecure_runtime: bool = False
+    user: str = "1000:1000"
+    limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    languages: dict[Language, LanguageConfig] = Field(default_factory=_default_languages)
+
+    def image_for(self, language: Language) -> str:
+        """The image configured for ``language`` (the default image if the entry is missing)."""
+        entry = self.languages.get(language)
+        return entry.image if entry else DEFAULT_IMAGE
+
+
+class HITLConfig(_Strict):
+    enabled: bool = True
+    auto_approve_low_risk: bool = True
+    rules: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class SecurityConfig(_Strict):
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
+    hitl: HITLConfig = Field(default_factory=HITLConfig)
+
+
+class HarombeConfig(_Strict):
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+
+
+def _describe(err: ValidationError, model: type[BaseModel]) -> str:
+    lines = []
+    for item in err.errors():
+        where = ".".join(str(p) for p in item["loc"])
+        if item["type"] == "extra_forbidden":
+            parent = _model_at(model, item["loc"][:-1])
+            valid = ", ".join(parent.model_fields) if parent else "see docs/configuration.md"
+            lines.append(
+                f"unknown key '{where}': valid keys there are {valid}; fix the spelling or remove it"
+            )
+        else:
+            lines.append(f"'{where}': {item['msg']} (got {item.get('input')!r})")
+    return "invalid harombe configuration: " + "; ".join(lines)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return None
+            current = field.annotation
+        else:  # dict[Language, X]: the key indexes into the value type
+            args = getattr(current, "__args__", ())
+            current = args[-1] if args else None
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Nested dict built from ``HAROMBE__A__B=value`` variables (values parsed as YAML)."""
+    tree: dict[str, Any] = {}
+    for name, raw in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            raise ConfigError(f"environment variable {name} names no key; use {ENV_PREFIX}A__B")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"environment variable {name} is not a YAML value: {exc}") from exc
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"environment variable {name} conflicts with another override")
+        node[path[-1]] = value
+    return tree
+
+
+def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else in ``extra`` replaces."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def parse_config(data: Mapping[str, Any] | None) -> HarombeConfig:
+    """Validate an already-loaded mapping; raises :class:`ConfigError` naming the bad key."""
+    try:
+        return HarombeConfig.model_validate(dict(data or {}))
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, HarombeConfig)) from None
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None, *, environ: Mapping[str, str] | None = None
+) -> HarombeConfig:
+    """Load defaults, then ``path`` (or ``$HAROMBE_CONFIG``), then environment overrides."""
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    chosen = path if path is not None else env.get(CONFIG_PATH_ENV)
+    if chosen:
+        file = Path(chosen)
+        try:
+            loaded = yaml.safe_load(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {file} does not exist; fix the path") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file} is not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file} must hold a mapping at the top level")
+        data = loaded or {}
+    return parse_config(merge(data, env_overrides(env)))
+
+
+def override(config: HarombeConfig, **limits: Any) -> HarombeConfig:
+    """A copy of ``config`` with non-None sandbox ``limits`` / ``runtime`` replaced."""
+    data = config.model_dump()
+    sandbox = data["security"]["sandbox"]
+    for key, value in limits.items():
+        if value is None:
+            continue
+        if key in ("runtime", "allow_insecure_runtime", "user"):
+            sandbox[key] = value
+        elif key in Limits.model_fields:
+            sandbox["limits"][key] = value
+        else:
+            raise ConfigError(f"unknown sandbox setting '{key}'")
+    return parse_config(data)

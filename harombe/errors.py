@@ -1,0 +1,99 @@
+"""Every exception harombe raises, and nothing else.
+
+Foreign errors (the Docker SDK's, the operating system's) are mapped to these in exactly one
+place, ``harombe.security.docker_manager``. Each message says what went wrong *and* how to fix it.
+
+User code that fails (non-zero exit, exception, timeout, out of memory) is never an exception: it
+comes back as data in the result. Only infrastructure faults, policy refusals and misuse raise::
+
+    HarombeError
+     ├── ConfigError                   bad YAML, unknown key, bad value, bad environment override
+     ├── UsageError                    misuse of the API: manager not started, unknown language
+     ├── InfrastructureError           the machine is not ready or broke underneath us
+     │    ├── DockerUnavailableError   daemon unreachable, or a Docker call failed
+     │    ├── RuntimeNotAvailableError runsc (or the chosen runtime) is not registered with Docker
+     │    ├── InsecureRuntimeError     a non-gVisor runtime was chosen without opting in
+     │    ├── ImageNotFoundError       the sandbox image is not present locally
+     │    ├── SandboxStartError        the container started but its supervisor never answered
+     │    ├── SandboxLostError         the sandbox died (killed, out of memory, supervisor gone)
+     │    └── PackageFetchError        the host could not download a package for installation
+     ├── SandboxNotFoundError          unknown, destroyed or malformed sandbox id
+     └── PolicyError                   refused on purpose; nothing was touched
+          ├── WorkspacePathError       path escapes /workspace (.., absolute, symlink out)
+          ├── PackageSpecError         not a plain registry package spec, or unknown registry
+          └── ApprovalDeniedError      a human (or an approver) said no, or did not answer in time
+"""
+
+from __future__ import annotations
+
+
+class HarombeError(Exception):
+    """Base of every harombe error; ``str(err)`` is a complete, actionable sentence."""
+
+    @property
+    def kind(self) -> str:
+        """The class name, used as the ``error`` prefix in tool results."""
+        return type(self).__name__
+
+
+class ConfigError(HarombeError, ValueError):
+    """Configuration could not be loaded or validated."""
+
+
+class UsageError(HarombeError):
+    """The API was called in a way it does not support."""
+
+
+class InfrastructureError(HarombeError):
+    """Docker, gVisor or a sandbox is not in a usable state."""
+
+
+class DockerUnavailableError(InfrastructureError):
+    """The Docker daemon cannot be reached, or a Docker call failed."""
+
+
+class RuntimeNotAvailableError(InfrastructureError):
+    """The configured OCI runtime is not registered with the Docker daemon."""
+
+
+class InsecureRuntimeError(InfrastructureError):
+    """A runtime other than gVisor was configured without ``allow_insecure_runtime``."""
+
+
+class ImageNotFoundError(InfrastructureError):
+    """A sandbox image is not present in the local Docker image store."""
+
+
+class SandboxStartError(InfrastructureError):
+    """A sandbox container was created but did not come up."""
+
+
+class SandboxLostError(InfrastructureError):
+    """A sandbox died underneath a call; its state is gone."""
+
+
+class PackageFetchError(InfrastructureError):
+    """The host-side package download failed (package missing, registry unreachable)."""
+
+
+class SandboxNotFoundError(HarombeError, KeyError):
+    """No live sandbox has this id."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else "sandbox not found"
+
+
+class PolicyError(HarombeError):
+    """A request was refused by policy; nothing was executed or changed."""
+
+
+class WorkspacePathError(PolicyError, ValueError):
+    """A file path leaves ``/workspace`` or is otherwise unacceptable."""
+
+
+class PackageSpecError(PolicyError, ValueError):
+    """A package spec is not a plain registry requirement, or names an unknown registry."""
+
+
+class ApprovalDeniedError(PolicyError):
+    """The HITL gate denied the operation (explicitly or by timeout)."""

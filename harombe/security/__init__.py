@@ -1,0 +1,1 @@
+"""Sandboxes, their Docker seam, and the policy that guards them."""

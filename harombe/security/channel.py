@@ -1,0 +1,182 @@
+"""Host side of the supervisor protocol: framed requests over a container's attached stdio.
+
+One :class:`Channel` per sandbox. A background task reads the stream, routes replies to the
+request that is waiting for them (by ``id``) and streaming chunks to their callback. When the
+stream ends — the container died, was removed, or the supervisor crashed — every waiting
+request fails with :class:`~harombe.errors.SandboxLostError`, and so does every later one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import struct
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from harombe.errors import SandboxLostError, SandboxStartError
+from harombe.security.docker_manager import AttachedStdio
+
+log = structlog.get_logger(__name__)
+
+HEADER = struct.Struct(">II")
+STDERR_TAIL_BYTES = 4096
+OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
+Reply = tuple[dict[str, Any], bytes]
+
+
+def encode(msg: dict[str, Any], blob: bytes = b"") -> bytes:
+    """One protocol frame."""
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    return HEADER.pack(len(data), len(blob)) + data + blob
+
+
+class FrameDecoder:
+    """Turns a byte stream into ``(message, blob)`` frames."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Reply]:
+        self._buf += data
+        frames = []
+        while len(self._buf) >= HEADER.size:
+            jlen, blen = HEADER.unpack_from(self._buf)
+            end = HEADER.size + jlen + blen
+            if len(self._buf) < end:
+                break
+            msg = json.loads(bytes(self._buf[HEADER.size : HEADER.size + jlen]))
+            frames.append((msg, bytes(self._buf[HEADER.size + jlen : end])))
+            del self._buf[:end]
+        return frames
+
+
+class Channel:
+    """Request/response over one sandbox's stdio. Not safe for two concurrent runs."""
+
+    def __init__(self, stdio: AttachedStdio, *, sandbox_id: str) -> None:
+        self._stdio = stdio
+        self._sandbox_id = sandbox_id
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._streams: dict[int, OutputCallback] = {}
+        self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._stderr_tail = b""
+        self._lost: str | None = None
+        self._reader = asyncio.create_task(self._read_loop(), name=f"channel-{sandbox_id}")
+
+    @property
+    def lost(self) -> str | None:
+        """Why the channel ended, or ``None`` while it is alive."""
+        return self._lost
+
+    @property
+    def stderr_tail(self) -> str:
+        """The last bytes the supervisor wrote to stderr (crash diagnostics)."""
+        return self._stderr_tail.decode("utf-8", "replace")
+
+    async def hello(self, *, timeout_s: float) -> dict[str, Any]:
+        """Wait for the supervisor's greeting: its versions and interpreters."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(self._hello), timeout_s)
+        except TimeoutError:
+            raise SandboxStartError(
+                f"sandbox {self._sandbox_id} did not answer within {timeout_s:.0f}s; "
+                f"supervisor stderr: {self.stderr_tail or '(empty)'}"
+            ) from None
+        except SandboxLostError as exc:
+            raise SandboxStartError(
+                f"sandbox {self._sandbox_id} exited while starting ({exc}); does its image have "
+                "python3 (>= 3.8) on PATH? harombe's supervisor needs it"
+            ) from None
+
+    async def request(
+        self,
+        msg: dict[str, Any],
+        blob: bytes = b"",
+        *,
+        timeout_s: float,
+        on_output: OutputCallback | None = None,
+    ) -> Reply:
+        """Send ``msg`` and wait for the reply with the same id (``done`` or ``result``)."""
+        if self._lost:
+            raise SandboxLostError(self._lost)
+        rid = next(self._ids)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = future
+        if on_output is not None:
+            self._streams[rid] = on_output
+        try:
+            await self._stdio.write(encode({**msg, "id": rid}, blob))
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            self._fail(f"sandbox {self._sandbox_id} stopped answering (no reply in {timeout_s:.0f}s)")
+            raise SandboxLostError(self._lost or "sandbox stopped answering") from None
+        finally:
+            self._pending.pop(rid, None)
+            self._streams.pop(rid, None)
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        """Fire-and-forget message (``cancel``); its reply is ignored."""
+        if not self._lost:
+            await self._stdio.write(encode({**msg, "id": next(self._ids)}))
+
+    async def _read_loop(self) -> None:
+        decoder = FrameDecoder()
+        reason = f"sandbox {self._sandbox_id} ended: the container stopped"
+        try:
+            while (item := await self._stdio.read()) is not None:
+                stream, data = item
+                if stream == 2:
+                    self._stderr_tail = (self._stderr_tail + data)[-STDERR_TAIL_BYTES:]
+                    continue
+                for msg, blob in decoder.feed(data):
+                    await self._dispatch(msg, blob)
+        except Exception as exc:  # noqa: BLE001 - any failure here means the channel is gone
+            reason = f"sandbox {self._sandbox_id} channel failed: {exc!r}"
+        self._fail(reason)
+
+    async def _dispatch(self, msg: dict[str, Any], blob: bytes) -> None:
+        op, rid = msg.get("op"), msg.get("id")
+        if op == "hello":
+            if not self._hello.done():
+                self._hello.set_result(msg)
+            return
+        if op == "out":
+            callback = self._streams.get(rid) if isinstance(rid, int) else None
+            if callback is not None:
+                maybe = callback(str(msg.get("stream")), blob)
+                if maybe is not None:
+                    await maybe
+            return
+        future = self._pending.get(rid) if isinstance(rid, int) else None
+        if future is not None and not future.done():
+            future.set_result((msg, blob))
+
+    def _fail(self, reason: str) -> None:
+        if self._lost:
+            return
+        self._lost = reason
+        if self.stderr_tail:
+            reason = f"{reason}; supervisor stderr: {self.stderr_tail.strip()[-500:]}"
+            self._lost = reason
+        log.debug("channel.closed", sandbox_id=self._sandbox_id, reason=reason)
+        error = SandboxLostError(reason)
+        if not self._hello.done():
+            self._hello.set_exception(error)
+            self._hello.exception()  # mark retrieved: nobody may be waiting
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+        self._stdio.close()
+
+    async def close(self) -> None:
+        self._fail(f"sandbox {self._sandbox_id} was closed")
+        self._reader.cancel()
+        try:
+            await self._reader
+        except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            pass

@@ -1,0 +1,276 @@
+"""The one seam between harombe and Docker.
+
+Every Docker call harombe makes goes through :class:`DockerManager`: SDK calls run in a private
+thread pool so the event loop never blocks, and every foreign error is translated to a
+:mod:`harombe.errors` exception in :func:`translate` — the only place that knows the Docker SDK's
+exception types. The attached stdio of a container (the sandbox supervisor's channel) is the one
+call made without the SDK: an HTTP upgrade on the daemon's unix socket, read with asyncio, so a
+channel costs one socket and no thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import os
+import struct
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import quote, urlparse
+
+import docker
+import docker.errors
+import requests.exceptions
+import structlog
+
+from harombe.errors import (
+    DockerUnavailableError,
+    HarombeError,
+    ImageNotFoundError,
+    RuntimeNotAvailableError,
+    SandboxLostError,
+    UsageError,
+)
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+FIX_DAEMON = "start it (scripts/setup.sh does, or `sudo systemctl start docker`)"
+_MUX = struct.Struct(">BxxxI")
+
+
+def translate(exc: BaseException, *, what: str = "") -> HarombeError:
+    """Map a Docker SDK / socket error to the harombe error that says how to fix it."""
+    if isinstance(exc, HarombeError):
+        return exc
+    about = f" while {what}" if what else ""
+    text = str(exc)
+    if isinstance(exc, docker.errors.ImageNotFound) or (
+        isinstance(exc, docker.errors.NotFound) and "image" in text.lower()
+    ):
+        return ImageNotFoundError(
+            f"sandbox image not found locally{about}: {text}; build harombe's images with "
+            "`python -m harombe images build` or pull/tag the image named in the config"
+        )
+    if isinstance(exc, docker.errors.NotFound):
+        return SandboxLostError(f"the container is gone{about}: {text}")
+    if isinstance(exc, docker.errors.APIError) and "runtime" in text.lower():
+        return RuntimeNotAvailableError(
+            f"Docker rejected the runtime{about}: {text}; register it in /etc/docker/daemon.json "
+            "(scripts/setup.sh does) and restart dockerd"
+        )
+    if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
+        return DockerUnavailableError(f"cannot reach the Docker daemon{about}: {text}; {FIX_DAEMON}")
+    if isinstance(exc, docker.errors.DockerException | requests.exceptions.RequestException):
+        return DockerUnavailableError(f"Docker call failed{about}: {text}")
+    if isinstance(exc, OSError | EOFError):
+        return DockerUnavailableError(f"Docker socket error{about}: {exc!r}; {FIX_DAEMON}")
+    raise exc
+
+
+@contextlib.contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except HarombeError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - translate() re-raises what it does not know
+        raise translate(exc, what=what) from exc
+
+
+@dataclass(frozen=True)
+class ContainerInfo:
+    """What harombe needs to know about a container it finds by label."""
+
+    id: str
+    name: str
+    status: str
+    labels: dict[str, str]
+
+
+class AttachedStdio:
+    """The stdin/stdout/stderr of one container, demultiplexed from Docker's stream frames."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def read(self) -> tuple[int, bytes] | None:
+        """Next ``(stream, payload)`` — stream 1 is stdout, 2 stderr; ``None`` at end of stream."""
+        try:
+            header = await self._reader.readexactly(_MUX.size)
+            stream, size = _MUX.unpack(header)
+            return stream, await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+
+    async def write(self, data: bytes) -> None:
+        """Send ``data`` to the container's stdin, waiting while the socket is full."""
+        try:
+            self._writer.write(data)
+            await self._writer.drain()
+        except (ConnectionError, RuntimeError) as exc:
+            raise SandboxLostError(f"the sandbox's stdin is closed: {exc}") from exc
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class DockerManager:
+    """Owns the Docker client. ``await start()`` before use, ``await stop()`` after."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        timeout_s: float = 120,
+        max_workers: int = 32,
+    ) -> None:
+        self._base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+        self._timeout_s = timeout_s
+        self._max_workers = max_workers
+        self._client: docker.DockerClient | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._client is not None
+
+    @property
+    def socket_path(self) -> str:
+        url = urlparse(self._base_url)
+        if url.scheme not in ("unix", "http+unix"):
+            raise UsageError(
+                f"harombe talks to Docker over its unix socket, not {self._base_url!r}; "
+                "set DOCKER_HOST=unix:///path/to/docker.sock"
+            )
+        return url.path
+
+    async def start(self) -> None:
+        """Connect to the daemon and check that it answers."""
+        if self._client is not None:
+            return
+        path = self.socket_path
+        self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="harombe-docker")
+        try:
+            self._client = await self._in_thread(
+                lambda: docker.DockerClient(base_url=f"unix://{path}", timeout=int(self._timeout_s)),
+                what="connecting",
+            )
+            await self._call(lambda c: c.ping(), what="pinging the daemon")
+        except HarombeError:
+            await self.stop()
+            raise
+        log.info("docker.connected", socket=path)
+
+    async def stop(self) -> None:
+        client, pool = self._client, self._pool
+        self._client, self._pool = None, None
+        if client is not None:
+            client.close()
+        if pool is not None:
+            pool.shutdown(wait=False)
+
+    async def _in_thread(self, fn: Callable[[], T], *, what: str) -> T:
+        if self._pool is None:
+            raise UsageError("Docker manager not started: await docker_manager.start() first")
+        loop = asyncio.get_running_loop()
+
+        def guarded() -> T:
+            with _translated(what):
+                return fn()
+
+        return await loop.run_in_executor(self._pool, guarded)
+
+    async def _call(self, fn: Callable[[docker.DockerClient], T], *, what: str) -> T:
+        client = self._client
+        if client is None:
+            raise UsageError("Docker manager not started: await docker_manager.start() first")
+        return await self._in_thread(functools.partial(fn, client), what=what)
+
+    async def runtimes(self) -> dict[str, Any]:
+        """The OCI runtimes registered with the daemon, by name."""
+        info = await self._call(lambda c: c.info(), what="reading daemon info")
+        return dict(info.get("Runtimes") or {})
+
+    async def image_id(self, name: str) -> str:
+        """The local id of image ``name``; :class:`ImageNotFoundError` if it is not present."""
+        image = await self._call(lambda c: c.images.get(name), what=f"looking up image {name}")
+        return str(image.id)
+
+    async def create_container(self, **spec: Any) -> str:
+        """Create (not start) a container from keyword ``spec`` (Docker SDK names); its id."""
+        container = await self._call(
+            lambda c: c.containers.create(**spec), what=f"creating container {spec.get('name')}"
+        )
+        return str(container.id)
+
+    async def start_container(self, container_id: str) -> None:
+        await self._call(
+            lambda c: c.api.start(container_id), what=f"starting container {container_id[:12]}"
+        )
+
+    async def remove_container(self, container_id: str) -> None:
+        """Kill and remove; a container that is already gone is not an error."""
+
+        def remove(c: docker.DockerClient) -> None:
+            try:
+                c.api.remove_container(container_id, force=True, v=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                if "already in progress" not in str(exc):
+                    raise
+
+        await self._call(remove, what=f"removing container {container_id[:12]}")
+
+    async def container_state(self, container_id: str) -> dict[str, Any]:
+        """Docker's ``State`` for the container (``OOMKilled``, ``ExitCode``, ``Status``…)."""
+        data = await self._call(
+            lambda c: c.api.inspect_container(container_id),
+            what=f"inspecting container {container_id[:12]}",
+        )
+        return dict(data.get("State") or {})
+
+    async def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
+        """Every container (running or not) carrying all of ``labels``."""
+        filters = {"label": [f"{k}={v}" if v else k for k, v in labels.items()]}
+        found = await self._call(
+            lambda c: c.api.containers(all=True, filters=filters), what="listing containers"
+        )
+        return [
+            ContainerInfo(
+                id=item["Id"],
+                name=(item.get("Names") or ["?"])[0].lstrip("/"),
+                status=item.get("State", ""),
+                labels=dict(item.get("Labels") or {}),
+            )
+            for item in found
+        ]
+
+    async def attach(self, container_id: str) -> AttachedStdio:
+        """Attach to stdin/stdout/stderr; call before start so no output is missed."""
+        if self._client is None:
+            raise UsageError("Docker manager not started: await docker_manager.start() first")
+        version = self._client.api.api_version
+        path = (
+            f"/v{version}/containers/{quote(container_id)}/attach"
+            "?stream=1&stdin=1&stdout=1&stderr=1"
+        )
+        with _translated(f"attaching to {container_id[:12]}"):
+            reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=1 << 22)
+            writer.write(
+                f"POST {path} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\n"
+                "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
+            )
+            await writer.drain()
+            head = await reader.readuntil(b"\r\n\r\n")
+        status = head.split(b"\r\n", 1)[0].decode("latin-1")
+        if " 101 " not in status and " 200 " not in status:
+            writer.close()
+            raise DockerUnavailableError(f"Docker refused to attach to {container_id[:12]}: {status}")
+        return AttachedStdio(reader, writer)

@@ -1,0 +1,164 @@
+"""Sandbox records, results, and the container spec: pure data, no Docker calls."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harombe.config import Language, SandboxConfig
+from harombe.errors import SandboxNotFoundError
+from harombe.security.channel import Channel
+
+SANDBOX_ID = re.compile(r"^sandbox-[0-9a-f]{12}$")
+LABEL_MANAGED = "harombe.managed"
+LABEL_SANDBOX = "harombe.sandbox"
+LABEL_OWNER = "harombe.owner"
+LABEL_MANAGER = "harombe.manager"
+HOME = "/home/sandbox"
+WORKSPACE = "/workspace"
+# gVisor keeps tmpfs files in sandbox memory, so the container's cgroup limit must cover the
+# workspace, home and /tmp on top of user memory; user memory itself is enforced by the
+# supervisor, which sums the resident size of user processes.
+TMP_MB = 256
+OVERHEAD_MB = 192
+SUPERVISOR_SOURCE = (Path(__file__).parent / "supervisor.py").read_text(encoding="utf-8")
+
+RUN_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": HOME,
+    "USER": "sandbox",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+    "PYTHONUNBUFFERED": "1",  # partial output survives a timeout kill
+    "NODE_PATH": f"{HOME}/node_modules",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+
+
+def new_sandbox_id() -> str:
+    return f"sandbox-{secrets.token_hex(6)}"
+
+
+def check_sandbox_id(sandbox_id: object) -> str:
+    """``sandbox_id`` if it is well formed; otherwise :class:`SandboxNotFoundError`."""
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID.match(sandbox_id):
+        raise SandboxNotFoundError(
+            f"Sandbox not found: {str(sandbox_id)[:80]!r} is not a harombe sandbox id "
+            "(they look like 'sandbox-0123456789ab'); create one with code_execute"
+        )
+    return sandbox_id
+
+
+def argv_for(language: Language, code: str) -> tuple[list[str], bytes]:
+    """The command that runs ``code`` and the bytes to feed it on stdin."""
+    if language == "python":
+        return ["python3", "-"], code.encode()
+    if language == "javascript":
+        return ["node", "-"], code.encode()
+    return ["bash", "-c", code, "bash"], b""
+
+
+def container_spec(
+    sandbox_id: str,
+    *,
+    image: str,
+    config: SandboxConfig,
+    owner: str,
+    manager_id: str,
+    language: Language,
+) -> dict[str, Any]:
+    """Keyword arguments for ``docker containers.create``: every isolation default in one place."""
+    limits = config.limits
+    uid, _, gid = config.user.partition(":")
+    owned = f"uid={uid},gid={gid or uid}"
+    backstop_mb = limits.max_memory_mb + 2 * limits.max_disk_mb + TMP_MB + OVERHEAD_MB
+    return {
+        "image": image,
+        "command": ["python3", "-I", "-S", "-c", SUPERVISOR_SOURCE],
+        "name": f"harombe-{sandbox_id}",
+        "hostname": "sandbox",
+        "user": config.user,
+        "working_dir": WORKSPACE,
+        "environment": {"LANG": "C.UTF-8"},
+        "labels": {
+            LABEL_MANAGED: "1",
+            LABEL_SANDBOX: sandbox_id,
+            LABEL_OWNER: owner,
+            LABEL_MANAGER: manager_id,
+            "harombe.language": language,
+        },
+        "runtime": config.runtime,
+        "network_mode": "none",
+        "read_only": True,
+        "tmpfs": {
+            WORKSPACE: f"size={limits.max_disk_mb}m,mode=0755,{owned}",
+            HOME: f"size={limits.max_disk_mb}m,mode=0755,{owned}",
+            "/tmp": f"size={TMP_MB}m,mode=1777",
+        },
+        "mem_limit": f"{backstop_mb}m",
+        "memswap_limit": f"{backstop_mb}m",
+        "nano_cpus": int(limits.max_cpu_cores * 1e9),
+        "pids_limit": limits.max_pids,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges:true"],
+        "ipc_mode": "private",
+        "stdin_open": True,
+        "tty": False,
+        "detach": True,
+        # The protocol runs over stdout; a logging driver would copy every frame to disk.
+        "log_config": {"type": "none", "config": {}},
+    }
+
+
+@dataclass
+class Sandbox:
+    """One live sandbox: its container, its channel, and the lock that serialises its calls."""
+
+    sandbox_id: str
+    container_id: str
+    language: Language
+    image: str
+    runtime: str
+    channel: Channel
+    info: dict[str, Any]
+    network_enabled: bool = False
+    allowed_domains: tuple[str, ...] = ()
+    created_at: float = field(default_factory=time.time)
+    runs: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def has(self, interpreter: str) -> bool:
+        return bool((self.info.get("interpreters") or {}).get(interpreter))
+
+
+@dataclass
+class ExecutionResult:
+    """The outcome of one ``execute`` call. User-code failure is data here, never raised."""
+
+    success: bool
+    sandbox_id: str
+    stdout: str
+    stderr: str
+    exit_code: int
+    execution_time: float
+    error: str | None
+    status: str  # ok | error | timeout | oom | cancelled | lost
+    language: str
+    runtime: str
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    stdout_bytes: int = 0
+    stderr_bytes: int = 0
+    cpu_s: float = 0.0
+    peak_memory_mb: float = 0.0
+    timeout_s: float = 0.0
+    replaced_sandbox_id: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,460 @@
+"""Sandbox lifecycle and the operations that run inside sandboxes.
+
+A sandbox is a gVisor container whose PID 1 is harombe's supervisor. Calls on one sandbox are
+serialised by its lock; calls on different sandboxes run concurrently. Every container carries
+harombe labels: :meth:`SandboxManager.stop` removes this manager's, and
+:meth:`SandboxManager.start` removes those left behind by a process that no longer exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from harombe.config import LANGUAGES, HarombeConfig, Language, load_config, override
+from harombe.errors import (
+    InsecureRuntimeError,
+    RuntimeNotAvailableError,
+    SandboxLostError,
+    SandboxNotFoundError,
+    UsageError,
+)
+from harombe.security import packages
+from harombe.security.channel import Channel, OutputCallback
+from harombe.security.docker_manager import DockerManager
+from harombe.security.files import FileOps
+from harombe.security.sandbox import (
+    HOME,
+    LABEL_MANAGED,
+    LABEL_MANAGER,
+    LABEL_OWNER,
+    RUN_ENV,
+    ExecutionResult,
+    Sandbox,
+    argv_for,
+    check_sandbox_id,
+    container_spec,
+    new_sandbox_id,
+)
+
+log = structlog.get_logger(__name__)
+
+GVISOR_RUNTIMES = ("runsc",)
+START_TIMEOUT_S = 30.0
+REPLY_SLACK_S = 15.0
+INSTALL_TIMEOUT_S = 600.0
+TRUNCATION_MARK = "\n[OUTPUT TRUNCATED]"
+
+
+def _process_owner() -> str:
+    """``host:pid:starttime`` — unique for this process even after its pid is reused."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def owner_is_gone(owner: str, *, hostname: str) -> bool:
+    """True when the process that labelled a container as ``owner`` no longer runs here."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != hostname or not pid_text.isdigit():
+        return False  # another machine's container, or a label we did not write
+    return _start_time(int(pid_text)) != started
+
+
+def _decode(data: bytes, total: int) -> tuple[str, bool]:
+    truncated = total > len(data)
+    # An incremental decoder drops a multi-byte character cut in half by the byte cap.
+    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not truncated)
+    return (text + TRUNCATION_MARK if truncated else text), truncated
+
+
+class SandboxManager(FileOps):
+    """Creates, runs and destroys sandboxes. ``await start()`` before use, ``stop()`` after."""
+
+    def __init__(
+        self,
+        docker_manager: DockerManager,
+        runtime: str | None = None,
+        *,
+        max_memory_mb: int | None = None,
+        max_cpu_cores: float | None = None,
+        max_disk_mb: int | None = None,
+        max_execution_time: float | None = None,
+        max_output_bytes: int | None = None,
+        allow_insecure_runtime: bool | None = None,
+        config: HarombeConfig | None = None,
+    ) -> None:
+        self.docker = docker_manager
+        self.config = override(
+            config or load_config(),
+            runtime=runtime,
+            max_memory_mb=max_memory_mb,
+            max_cpu_cores=max_cpu_cores,
+            max_disk_mb=max_disk_mb,
+            max_execution_time=max_execution_time,
+            max_output_bytes=max_output_bytes,
+            allow_insecure_runtime=allow_insecure_runtime,
+        )
+        self.manager_id = uuid.uuid4().hex[:12]
+        self._owner = _process_owner()
+        self._sandboxes: dict[str, Sandbox] = {}
+        self._replaced: dict[str, str] = {}
+        self._started = False
+
+    @property
+    def sandbox_config(self) -> Any:
+        return self.config.security.sandbox
+
+    @property
+    def limits(self) -> Any:
+        return self.sandbox_config.limits
+
+    @property
+    def sandboxes(self) -> dict[str, Sandbox]:
+        """Live sandboxes by id (a copy)."""
+        return dict(self._sandboxes)
+
+    async def start(self) -> None:
+        """Check Docker and the runtime, then remove orphans of dead harombe processes."""
+        if not self.docker.started:
+            raise UsageError("Docker manager not started: await docker_manager.start() first")
+        cfg = self.sandbox_config
+        if cfg.runtime not in GVISOR_RUNTIMES and not cfg.allow_insecure_runtime:
+            raise InsecureRuntimeError(
+                f"runtime {cfg.runtime!r} is not gVisor, so sandboxed code would share the host "
+                "kernel; use runtime 'runsc', or set security.sandbox.allow_insecure_runtime: "
+                "true to accept weaker isolation"
+            )
+        runtimes = await self.docker.runtimes()
+        if cfg.runtime not in runtimes:
+            raise RuntimeNotAvailableError(
+                f"the {cfg.runtime!r} runtime is not registered with Docker (registered: "
+                f"{', '.join(sorted(runtimes)) or 'none'}); run scripts/setup.sh, or add it to "
+                "/etc/docker/daemon.json and restart dockerd"
+            )
+        await self.sweep_orphans()
+        self._started = True
+        log.info("sandbox_manager.started", runtime=cfg.runtime, manager_id=self.manager_id)
+
+    async def sweep_orphans(self) -> int:
+        """Remove containers whose owning harombe process is gone; how many were removed."""
+        found = await self.docker.list_containers({LABEL_MANAGED: "1"})
+        host = socket.gethostname()
+        orphans = [c for c in found if owner_is_gone(c.labels.get(LABEL_OWNER, ""), hostname=host)]
+        await asyncio.gather(*(self.docker.remove_container(c.id) for c in orphans))
+        if orphans:
+            log.info("sandbox.orphans_removed", count=len(orphans))
+        return len(orphans)
+
+    async def stop(self) -> None:
+        """Destroy every sandbox this manager created (also ones a failed create left)."""
+        self._started = False
+        boxes = list(self._sandboxes.values())
+        self._sandboxes.clear()
+        await asyncio.gather(*(box.channel.close() for box in boxes))
+        if self.docker.started:
+            leftovers = await self.docker.list_containers({LABEL_MANAGER: self.manager_id})
+            ids = {box.container_id for box in boxes} | {c.id for c in leftovers}
+            await asyncio.gather(*(self.docker.remove_container(cid) for cid in ids))
+        log.info("sandbox_manager.stopped", removed=len(boxes))
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
+
+    def get(self, sandbox_id: str) -> Sandbox:
+        """The live sandbox ``sandbox_id``; :class:`SandboxNotFoundError` otherwise."""
+        check_sandbox_id(sandbox_id)
+        box = self._sandboxes.get(sandbox_id)
+        if box is None:
+            if sandbox_id in self._replaced:
+                raise SandboxNotFoundError(
+                    f"Sandbox not found: {sandbox_id} was lost and replaced by "
+                    f"{self._replaced[sandbox_id]}; use that id"
+                )
+            raise SandboxNotFoundError(
+                f"Sandbox not found: {sandbox_id} does not exist or was destroyed; "
+                "create a new one with code_execute"
+            )
+        return box
+
+    async def create_sandbox(
+        self,
+        language: Language = "python",
+        *,
+        network_enabled: bool = False,
+        allowed_domains: Sequence[str] = (),
+    ) -> Sandbox:
+        """Create and start a sandbox; returns once its supervisor has answered."""
+        self._require_started()
+        if language not in LANGUAGES:
+            raise UsageError(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+        cfg = self.sandbox_config
+        image = cfg.image_for(language)
+        sandbox_id = new_sandbox_id()
+        started = time.perf_counter()
+        await self.docker.image_id(image)  # a clear ImageNotFoundError before creating anything
+        spec = container_spec(
+            sandbox_id,
+            image=image,
+            config=cfg,
+            owner=self._owner,
+            manager_id=self.manager_id,
+            language=language,
+        )
+        container_id = await self.docker.create_container(**spec)
+        channel: Channel | None = None
+        try:
+            stdio = await self.docker.attach(container_id)
+            channel = Channel(stdio, sandbox_id=sandbox_id)
+            await self.docker.start_container(container_id)
+            info = await channel.hello(timeout_s=START_TIMEOUT_S)
+        except BaseException:
+            if channel is not None:
+                await channel.close()
+            await asyncio.shield(self.docker.remove_container(container_id))
+            raise
+        box = Sandbox(
+            sandbox_id=sandbox_id,
+            container_id=container_id,
+            language=language,
+            image=image,
+            runtime=cfg.runtime,
+            channel=channel,
+            info=info,
+            network_enabled=network_enabled,
+            allowed_domains=tuple(allowed_domains),
+        )
+        self._sandboxes[sandbox_id] = box
+        log.info(
+            "sandbox.created",
+            sandbox_id=sandbox_id,
+            language=language,
+            image=image,
+            runtime=cfg.runtime,
+            duration_s=round(time.perf_counter() - started, 4),
+        )
+        return box
+
+    async def destroy_sandbox(self, sandbox_id: str) -> None:
+        """Remove the sandbox's container; its id is unknown afterwards."""
+        box = self.get(sandbox_id)
+        self._sandboxes.pop(sandbox_id, None)
+        await box.channel.close()
+        await self.docker.remove_container(box.container_id)
+        log.info("sandbox.destroyed", sandbox_id=sandbox_id, runs=box.runs)
+
+    def effective_timeout(self, timeout_s: float | None) -> tuple[float, list[str]]:
+        """The timeout a call gets: its own, capped by ``max_execution_time``."""
+        cap = float(self.limits.max_execution_time)
+        if timeout_s is None:
+            return cap, []
+        if timeout_s <= 0:
+            raise UsageError(f"timeout must be positive, got {timeout_s}")
+        if timeout_s > cap:
+            return cap, [f"timeout {timeout_s}s capped to max_execution_time {cap:g}s"]
+        return float(timeout_s), []
+
+    async def execute(
+        self,
+        sandbox_id: str,
+        code: str,
+        *,
+        language: Language | None = None,
+        timeout_s: float | None = None,
+        on_output: OutputCallback | None = None,
+    ) -> ExecutionResult:
+        """Run ``code`` in the sandbox. Failures of the code are in the result, not raised."""
+        box = self.get(sandbox_id)
+        lang: Language = language or box.language
+        if lang not in LANGUAGES:
+            raise UsageError(f"unknown language {lang!r}; use one of {', '.join(LANGUAGES)}")
+        interpreter = {"python": "python3", "javascript": "node", "shell": "bash"}[lang]
+        if not box.has(interpreter):
+            raise UsageError(
+                f"{lang} is not available in sandbox {sandbox_id}: its image {box.image} has no "
+                f"{interpreter}; create a sandbox for {lang} instead"
+            )
+        timeout, warnings = self.effective_timeout(timeout_s)
+        argv, stdin = argv_for(lang, code)
+        async with box.lock:
+            return await self._run(
+                box, argv, stdin, language=lang, timeout_s=timeout, on_output=on_output,
+                warnings=warnings,
+            )
+
+    async def _run(
+        self,
+        box: Sandbox,
+        argv: list[str],
+        stdin: bytes,
+        *,
+        language: str,
+        timeout_s: float,
+        on_output: OutputCallback | None = None,
+        warnings: list[str] | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> ExecutionResult:
+        limits = self.limits
+        msg = {
+            "op": "run",
+            "argv": argv,
+            "env": {**RUN_ENV, **(extra_env or {})},
+            "cwd": "/workspace",
+            "timeout_s": timeout_s,
+            "grace_s": limits.kill_grace_s,
+            "max_output_bytes": limits.max_output_bytes,
+            "max_memory_mb": limits.max_memory_mb,
+            "stream": on_output is not None,
+        }
+        started = time.perf_counter()
+        box.runs += 1
+        try:
+            reply, blob = await box.channel.request(
+                msg,
+                stdin,
+                timeout_s=timeout_s + limits.kill_grace_s + REPLY_SLACK_S,
+                on_output=on_output,
+            )
+        except SandboxLostError as exc:
+            return await self._lost(box, exc, language=language, started=started)
+        elapsed = time.perf_counter() - started
+        if reply.get("op") != "done":
+            raise UsageError(f"sandbox refused the run: {reply.get('message')}")
+        out_len = int(reply["stdout_len"])
+        stdout, out_cut = _decode(blob[:out_len], int(reply["stdout_total"]))
+        stderr, err_cut = _decode(blob[out_len:], int(reply["stderr_total"]))
+        status = str(reply["status"])
+        exit_code = int(reply["exit_code"])
+        error = None
+        if status == "timeout":
+            exit_code = -1
+            error = "TimeoutError"
+            stderr += f"\n[harombe] execution timed out after {timeout_s:g}s"
+        elif status == "oom":
+            error = (
+                f"MemoryError: the run used more than max_memory_mb={limits.max_memory_mb} "
+                "and was killed"
+            )
+        elif status == "cancelled":
+            error = "CancelledError: the run was cancelled"
+        elif exit_code != 0:
+            error = f"process exited with code {exit_code}"
+        return ExecutionResult(
+            success=status == "ok",
+            sandbox_id=box.sandbox_id,
+            stdout=stdout,
+            stderr=stderr,
+            exit_code=exit_code,
+            execution_time=round(elapsed, 6),
+            error=error,
+            status=status,
+            language=language,
+            runtime=box.runtime,
+            stdout_truncated=out_cut,
+            stderr_truncated=err_cut,
+            stdout_bytes=int(reply["stdout_total"]),
+            stderr_bytes=int(reply["stderr_total"]),
+            cpu_s=float(reply.get("cpu_s", 0.0)),
+            peak_memory_mb=float(reply.get("peak_memory_mb", 0.0)),
+            timeout_s=timeout_s,
+            warnings=list(warnings or []),
+        )
+
+    async def _lost(
+        self, box: Sandbox, exc: SandboxLostError, *, language: str, started: float
+    ) -> ExecutionResult:
+        """The sandbox died under a run: say why, and hand back a fresh replacement."""
+        reason = str(exc)
+        try:
+            state = await self.docker.container_state(box.container_id)
+            if state.get("OOMKilled") or state.get("ExitCode") == 137:
+                reason = (
+                    "the sandbox was killed for exceeding its memory limit "
+                    f"(max_memory_mb={self.limits.max_memory_mb} plus workspace)"
+                )
+        except Exception:  # noqa: BLE001 - the container may already be gone; keep the reason
+            pass
+        self._sandboxes.pop(box.sandbox_id, None)
+        await box.channel.close()
+        await self.docker.remove_container(box.container_id)
+        replacement = await self.create_sandbox(
+            box.language, network_enabled=box.network_enabled, allowed_domains=box.allowed_domains
+        )
+        self._replaced[box.sandbox_id] = replacement.sandbox_id
+        log.warning(
+            "sandbox.lost", sandbox_id=box.sandbox_id, replacement=replacement.sandbox_id,
+            reason=reason,
+        )
+        return ExecutionResult(
+            success=False,
+            sandbox_id=replacement.sandbox_id,
+            stdout="",
+            stderr="",
+            exit_code=-1,
+            execution_time=round(time.perf_counter() - started, 6),
+            error=(
+                f"SandboxLostError: {reason}; its files and state are gone, and sandbox "
+                f"{replacement.sandbox_id} replaces it"
+            ),
+            status="lost",
+            language=language,
+            runtime=box.runtime,
+            replaced_sandbox_id=box.sandbox_id,
+        )
+
+    async def install_package(
+        self, sandbox_id: str, package: str, registry: str = "pypi"
+    ) -> ExecutionResult:
+        """Install a registry package into the sandbox, which stays offline throughout."""
+        spec = packages.parse_spec(package, registry)
+        box = self.get(sandbox_id)
+        need = "python3" if spec.registry == "pypi" else "node"
+        if not box.has(need):
+            raise UsageError(f"{spec.registry} packages need {need}, which image {box.image} lacks")
+        info = box.info
+        async with box.lock:
+            if spec.registry == "npm":
+                archive, npm_output = await packages.fetch_npm(spec)
+                await self._untar(box, archive, root=f"{HOME}/node_modules")
+                return self._install_result(box, npm_output)
+            libc = info.get("libc") or ["glibc", "2.17"]
+            archive = await packages.fetch_pypi(
+                spec, python=str(info.get("python", "3")), machine=str(info.get("machine")),
+                glibc=str(libc[1] or "2.17"),
+            )
+            wheels = "/tmp/harombe-wheels"
+            await self._untar(box, archive, root=wheels)
+            argv = [
+                "python3", "-m", "pip", "install", "--user", "--no-index", "--find-links",
+                wheels, "--no-warn-script-location", "--no-cache-dir", "--", spec.text,
+            ]
+            result = await self._run(
+                box, argv, b"", language="shell", timeout_s=INSTALL_TIMEOUT_S,
+                extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
+            )
+            if result.status != "lost":
+                await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
+            return result
+
+    def _install_result(self, box: Sandbox, output: str) -> ExecutionResult:
+        return ExecutionResult(
+            success=True, sandbox_id=box.sandbox_id, stdout=output, stderr="", exit_code=0,
+            execution_time=0.0, error=None, status="ok", language="javascript",
+            runtime=box.runtime,
+        )

@@ -1,0 +1,1 @@
+"""Agent-facing tools built on the sandbox manager."""

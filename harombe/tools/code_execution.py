@@ -1,0 +1,177 @@
+"""The agent-facing code-execution tools of the usage guide.
+
+Every method returns a result dict and never raises for anything an agent can cause: policy
+refusals, unknown sandboxes, bad paths, failing code and lost sandboxes all come back as
+``success: False`` with an ``error`` that starts with the error's kind. Each call emits exactly
+one ``tool.called`` audit event (sizes and outcome, never code or file contents above debug).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import structlog
+
+from harombe.errors import HarombeError
+from harombe.security.channel import OutputCallback
+from harombe.security.sandbox_manager import SandboxManager
+
+log = structlog.get_logger(__name__)
+
+NETWORK_OFFLINE_WARNING = (
+    "network_enabled=True was requested, but sandboxes stay offline in this build: code "
+    "cannot reach the network (fail closed). Package installs work without it: "
+    "code_install_package downloads on the host and copies the files in."
+)
+
+
+def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
+    return {"success": False, **fields, "error": f"{err.kind}: {err}"}
+
+
+class CodeExecutionTools:
+    """``code_execute``, ``code_install_package``, ``code_write_file``, ``code_read_file``,
+    ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`."""
+
+    def __init__(self, sandbox_manager: SandboxManager, hitl_gate: Any | None = None) -> None:
+        self.sandbox_manager = sandbox_manager
+        self.hitl_gate = hitl_gate
+
+    async def _call(
+        self,
+        tool: str,
+        params: dict[str, Any],
+        body: Callable[[], Awaitable[dict[str, Any]]],
+        *,
+        fields: dict[str, Any],
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        try:
+            result = await body()
+        except HarombeError as err:
+            result = _failure(err, **fields)
+        duration = time.perf_counter() - started
+        log.info(
+            "tool.called",
+            tool=tool,
+            sandbox_id=result.get("sandbox_id"),
+            language=params.get("language"),
+            success=result.get("success"),
+            status=result.get("status"),
+            exit_code=result.get("exit_code"),
+            error_kind=(result.get("error") or "").split(":", 1)[0] or None,
+            duration_s=round(duration, 4),
+            **{k: v for k, v in result.items() if k.endswith("_bytes")},
+        )
+        log.debug("tool.params", tool=tool, params=params)
+        return result
+
+    async def code_execute(
+        self,
+        language: str,
+        code: str,
+        sandbox_id: str | None = None,
+        timeout: float | None = None,
+        network_enabled: bool = False,
+        allowed_domains: Sequence[str] | None = None,
+        *,
+        on_output: OutputCallback | None = None,
+    ) -> dict[str, Any]:
+        """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result."""
+        params = {"language": language, "code": code, "sandbox_id": sandbox_id,
+                  "timeout": timeout, "network_enabled": network_enabled,
+                  "allowed_domains": list(allowed_domains or [])}
+
+        async def body() -> dict[str, Any]:
+            manager = self.sandbox_manager
+            warnings = [NETWORK_OFFLINE_WARNING] if network_enabled else []
+            sid = sandbox_id
+            if sid is None:
+                box = await manager.create_sandbox(
+                    language,  # type: ignore[arg-type]
+                    network_enabled=network_enabled,
+                    allowed_domains=allowed_domains or (),
+                )
+                sid = box.sandbox_id
+            result = await manager.execute(
+                sid, code, language=language, timeout_s=timeout,  # type: ignore[arg-type]
+                on_output=on_output,
+            )
+            out = result.to_dict()
+            out["warnings"] = warnings + out["warnings"]
+            return out
+
+        return await self._call("code_execute", params, body, fields={"sandbox_id": sandbox_id})
+
+    async def code_install_package(
+        self, sandbox_id: str, package: str, registry: str = "pypi"
+    ) -> dict[str, Any]:
+        """Install ``package`` from ``registry`` (pypi or npm) into the sandbox."""
+        params = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
+        fields = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
+
+        async def body() -> dict[str, Any]:
+            result = await self.sandbox_manager.install_package(sandbox_id, package, registry)
+            return {
+                "success": result.success,
+                **fields,
+                "sandbox_id": result.sandbox_id,
+                "stdout": result.stdout,
+                "stderr": result.stderr,
+                "error": result.error,
+            }
+
+        return await self._call("code_install_package", params, body, fields=fields)
+
+    async def code_write_file(self, sandbox_id: str, file_path: str, content: str) -> dict[str, Any]:
+        """Write ``content`` to ``/workspace/<file_path>``, creating parent directories."""
+        params = {"sandbox_id": sandbox_id, "file_path": file_path, "content_chars": len(content)}
+        fields = {"sandbox_id": sandbox_id, "file_path": file_path}
+
+        async def body() -> dict[str, Any]:
+            written = await self.sandbox_manager.write_file(sandbox_id, file_path, content)
+            return {"success": True, **fields, "written_bytes": written, "error": None}
+
+        return await self._call("code_write_file", params, body, fields=fields)
+
+    async def code_read_file(self, sandbox_id: str, file_path: str) -> dict[str, Any]:
+        """The UTF-8 text of ``/workspace/<file_path>``."""
+        fields = {"sandbox_id": sandbox_id, "file_path": file_path}
+
+        async def body() -> dict[str, Any]:
+            data = await self.sandbox_manager.read_file(sandbox_id, file_path)
+            try:
+                content = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return {
+                    "success": False, **fields, "content": None, "read_bytes": len(data),
+                    "error": f"UnicodeDecodeError: {file_path} is not UTF-8 text ({exc.reason} "
+                    f"at byte {exc.start}); read binary data by encoding it in code_execute",
+                }
+            return {"success": True, **fields, "content": content, "read_bytes": len(data),
+                    "error": None}
+
+        return await self._call("code_read_file", dict(fields), body, fields=fields)
+
+    async def code_list_files(self, sandbox_id: str, path: str = ".") -> dict[str, Any]:
+        """Names in a workspace directory (``files``) and their details (``entries``)."""
+        fields = {"sandbox_id": sandbox_id, "path": path}
+
+        async def body() -> dict[str, Any]:
+            entries = await self.sandbox_manager.list_files(sandbox_id, path)
+            return {"success": True, **fields, "files": [e["name"] for e in entries],
+                    "entries": entries, "error": None}
+
+        return await self._call("code_list_files", dict(fields), body, fields=fields)
+
+    async def code_destroy_sandbox(self, sandbox_id: str) -> dict[str, Any]:
+        """Destroy the sandbox and everything in it."""
+        fields = {"sandbox_id": sandbox_id}
+
+        async def body() -> dict[str, Any]:
+            await self.sandbox_manager.destroy_sandbox(sandbox_id)
+            return {"success": True, **fields, "error": None}
+
+        return await self._call("code_destroy_sandbox", dict(fields), body, fields=fields)
