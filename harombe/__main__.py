@@ -42,8 +42,10 @@ async def demo() -> int:
         for language, code in programs.items():
             result = await tools.code_execute(language=language, code=code)
             failures += not result["success"]
-            print(f"== {language}: success={result['success']} exit_code={result['exit_code']} "
-                  f"runtime={result.get('runtime')} time={result['execution_time']:.3f}s")
+            print(
+                f"== {language}: success={result['success']} exit_code={result['exit_code']} "
+                f"runtime={result.get('runtime')} time={result['execution_time']:.3f}s"
+            )
             print(result["stdout"].rstrip() or "(no output)")
             if result["stderr"] or result["error"]:
                 print(f"stderr: {result['stderr'].rstrip()}  error: {result['error']}")

@@ -47,12 +47,16 @@ class Limits(_Strict):
     kill_grace_s: float = Field(2.0, ge=0, le=30, description="SIGTERM to SIGKILL on timeout")
 
 
+def _empty_registries() -> dict[Literal["pypi", "npm"], list[str]]:
+    return {"pypi": [], "npm": []}
+
+
 class NetworkConfig(_Strict):
     enabled_by_default: bool = False
     # Empty lists mean "whatever this machine's pip / npm configuration points at", read at run
     # time; registry host names are never written into configuration shipped with harombe.
     allowed_registries: dict[Literal["pypi", "npm"], list[str]] = Field(
-        default_factory=lambda: {"pypi": [], "npm": []}
+        default_factory=_empty_registries
     )
 
 
@@ -103,7 +107,8 @@ def _describe(err: ValidationError, model: type[BaseModel]) -> str:
             parent = _model_at(model, item["loc"][:-1])
             valid = ", ".join(parent.model_fields) if parent else "see docs/configuration.md"
             lines.append(
-                f"unknown key '{where}': valid keys there are {valid}; fix the spelling or remove it"
+                f"unknown key '{where}': valid keys there are {valid}; "
+                "fix the spelling or remove it"
             )
         else:
             lines.append(f"'{where}': {item['msg']} (got {item.get('input')!r})")

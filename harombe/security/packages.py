@@ -85,7 +85,8 @@ def _parse_npm(text: str) -> PackageSpec:
     scoped = text.startswith("@")
     at = text.find("@", 1 if scoped else 0)
     name, version = (text, "") if at < 0 else (text[:at], text[at + 1 :])
-    if ":" in text or "/" in name.lstrip("@").split("/", 1)[-1] or text.startswith((".", "~")):
+    slashes = name.count("/")
+    if ":" in text or slashes != (1 if scoped else 0) or text.startswith((".", "~")):
         raise PackageSpecError(
             f"{text!r} is a URL, alias, git or path reference; only npm registry names with "
             "versions are allowed (e.g. 'axios@1.6.0')"
@@ -152,19 +153,31 @@ async def fetch_pypi(spec: PackageSpec, *, python: str, machine: str, glibc: str
     major_minor = "".join(python.split(".")[:2])
     with tempfile.TemporaryDirectory(prefix="harombe-wheels-") as tmp:
         argv = [
-            sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-            "--no-input", "--progress-bar", "off", "--only-binary=:all:", "--dest", tmp,
-            "--implementation", "cp", "--python-version", major_minor,
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--progress-bar",
+            "off",
+            "--only-binary=:all:",
+            "--dest",
+            tmp,
+            "--implementation",
+            "cp",
+            "--python-version",
+            major_minor,
         ]
         for tag in manylinux_platforms(machine, glibc):
             argv += ["--platform", tag]
         argv += ["--", spec.text]
         text = await _run(argv, cwd=tmp)
-        wheels = sorted(p.name for p in Path(tmp).glob("*.whl"))
+        wheels = await asyncio.to_thread(lambda: sorted(Path(tmp).glob("*.whl")))
         if not wheels:
             raise PackageFetchError(f"pip downloaded no wheel for {spec.text}:\n{text[-800:]}")
         log.debug("package.fetched", registry="pypi", spec=spec.text, files=len(wheels))
-        return _tar_dir(Path(tmp))
+        return await asyncio.to_thread(_tar_dir, Path(tmp))
 
 
 async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
@@ -176,14 +189,24 @@ async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
             "npm (install it, e.g. `apt-get install npm`)"
         )
     with tempfile.TemporaryDirectory(prefix="harombe-npm-") as tmp:
-        Path(tmp, "package.json").write_text('{"name":"harombe-install","private":true}')
+        manifest = Path(tmp, "package.json")
+        await asyncio.to_thread(manifest.write_text, '{"name":"harombe-install","private":true}')
         env = {**os.environ, "npm_config_update_notifier": "false"}
         argv = [
-            npm, "install", "--ignore-scripts", "--no-audit", "--no-fund", "--omit=dev",
-            "--no-package-lock", "--prefix", tmp, "--", spec.text,
+            npm,
+            "install",
+            "--ignore-scripts",
+            "--no-audit",
+            "--no-fund",
+            "--omit=dev",
+            "--no-package-lock",
+            "--prefix",
+            tmp,
+            "--",
+            spec.text,
         ]
         text = await _run(argv, cwd=tmp, env=env)
         modules = Path(tmp, "node_modules")
-        if not modules.is_dir():
+        if not await asyncio.to_thread(modules.is_dir):
             raise PackageFetchError(f"npm installed nothing for {spec.text}:\n{text[-800:]}")
-        return _tar_dir(modules), text
+        return await asyncio.to_thread(_tar_dir, modules), text

@@ -26,6 +26,11 @@ WORKSPACE = "/workspace"
 # supervisor, which sums the resident size of user processes.
 TMP_MB = 256
 OVERHEAD_MB = 192
+# Docker's pids limit also counts gVisor's own host threads and (on the ptrace platform) one
+# host process per guest address space; when it is reached the sentry itself dies. So the
+# host-side limit is roomy, and ``max_pids`` is enforced on user code as RLIMIT_NPROC inside.
+HOST_PIDS_PER_GUEST_PID = 24
+HOST_PIDS_BASE = 1024
 SUPERVISOR_SOURCE = (Path(__file__).parent / "supervisor.py").read_text(encoding="utf-8")
 
 RUN_ENV = {
@@ -103,7 +108,7 @@ def container_spec(
         "mem_limit": f"{backstop_mb}m",
         "memswap_limit": f"{backstop_mb}m",
         "nano_cpus": int(limits.max_cpu_cores * 1e9),
-        "pids_limit": limits.max_pids,
+        "pids_limit": limits.max_pids * HOST_PIDS_PER_GUEST_PID + HOST_PIDS_BASE,
         "cap_drop": ["ALL"],
         "security_opt": ["no-new-privileges:true"],
         "ipc_mode": "private",

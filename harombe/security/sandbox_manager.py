@@ -294,7 +294,12 @@ class SandboxManager(FileOps):
         argv, stdin = argv_for(lang, code)
         async with box.lock:
             return await self._run(
-                box, argv, stdin, language=lang, timeout_s=timeout, on_output=on_output,
+                box,
+                argv,
+                stdin,
+                language=lang,
+                timeout_s=timeout,
+                on_output=on_output,
                 warnings=warnings,
             )
 
@@ -320,6 +325,9 @@ class SandboxManager(FileOps):
             "grace_s": limits.kill_grace_s,
             "max_output_bytes": limits.max_output_bytes,
             "max_memory_mb": limits.max_memory_mb,
+            "max_pids": limits.max_pids,
+            # gVisor's /proc/meminfo is per sandbox; other runtimes show the host's there.
+            "memory_probe": "meminfo" if box.runtime in GVISOR_RUNTIMES else "rss",
             "stream": on_output is not None,
         }
         started = time.perf_counter()
@@ -383,13 +391,20 @@ class SandboxManager(FileOps):
         reason = str(exc)
         try:
             state = await self.docker.container_state(box.container_id)
-            if state.get("OOMKilled") or state.get("ExitCode") == 137:
+            if state.get("OOMKilled"):
                 reason = (
                     "the sandbox was killed for exceeding its memory limit "
                     f"(max_memory_mb={self.limits.max_memory_mb} plus workspace)"
                 )
+            elif state.get("Status") == "exited":
+                reason = (
+                    f"the sandbox's supervisor exited with code {state.get('ExitCode')} "
+                    "(killed from inside the sandbox, or crashed)"
+                )
         except Exception:  # noqa: BLE001 - the container may already be gone; keep the reason
             pass
+        if box.channel.stderr_tail and box.channel.stderr_tail not in reason:
+            reason += f"; supervisor stderr: {box.channel.stderr_tail.strip()[-500:]}"
         self._sandboxes.pop(box.sandbox_id, None)
         await box.channel.close()
         await self.docker.remove_container(box.container_id)
@@ -398,7 +413,9 @@ class SandboxManager(FileOps):
         )
         self._replaced[box.sandbox_id] = replacement.sandbox_id
         log.warning(
-            "sandbox.lost", sandbox_id=box.sandbox_id, replacement=replacement.sandbox_id,
+            "sandbox.lost",
+            sandbox_id=box.sandbox_id,
+            replacement=replacement.sandbox_id,
             reason=reason,
         )
         return ExecutionResult(
@@ -435,17 +452,33 @@ class SandboxManager(FileOps):
                 return self._install_result(box, npm_output)
             libc = info.get("libc") or ["glibc", "2.17"]
             archive = await packages.fetch_pypi(
-                spec, python=str(info.get("python", "3")), machine=str(info.get("machine")),
+                spec,
+                python=str(info.get("python", "3")),
+                machine=str(info.get("machine")),
                 glibc=str(libc[1] or "2.17"),
             )
             wheels = "/tmp/harombe-wheels"
             await self._untar(box, archive, root=wheels)
             argv = [
-                "python3", "-m", "pip", "install", "--user", "--no-index", "--find-links",
-                wheels, "--no-warn-script-location", "--no-cache-dir", "--", spec.text,
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "--user",
+                "--no-index",
+                "--find-links",
+                wheels,
+                "--no-warn-script-location",
+                "--no-cache-dir",
+                "--",
+                spec.text,
             ]
             result = await self._run(
-                box, argv, b"", language="shell", timeout_s=INSTALL_TIMEOUT_S,
+                box,
+                argv,
+                b"",
+                language="shell",
+                timeout_s=INSTALL_TIMEOUT_S,
                 extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
             )
             if result.status != "lost":
@@ -454,7 +487,14 @@ class SandboxManager(FileOps):
 
     def _install_result(self, box: Sandbox, output: str) -> ExecutionResult:
         return ExecutionResult(
-            success=True, sandbox_id=box.sandbox_id, stdout=output, stderr="", exit_code=0,
-            execution_time=0.0, error=None, status="ok", language="javascript",
+            success=True,
+            sandbox_id=box.sandbox_id,
+            stdout=output,
+            stderr="",
+            exit_code=0,
+            execution_time=0.0,
+            error=None,
+            status="ok",
+            language="javascript",
             runtime=box.runtime,
         )

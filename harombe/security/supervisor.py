@@ -20,6 +20,7 @@ so nothing a call starts outlives the call.
 
 import json
 import os
+import resource
 import select
 import selectors
 import signal
@@ -33,6 +34,7 @@ HEADER = struct.Struct(">II")
 PROTOCOL = 1
 CHUNK = 65536
 POLL_S = 0.05
+DRAIN_S = 5.0
 TRUNCATED = b"\n[OUTPUT TRUNCATED]\n"
 
 
@@ -70,7 +72,7 @@ def harden():
 
 
 def rss_bytes_of_others():
-    """Resident memory of every process but this one, summed."""
+    """Resident memory of every process but this one, summed (shared pages count each time)."""
     total = 0
     page = os.sysconf("SC_PAGE_SIZE")
     for name in os.listdir("/proc"):
@@ -82,6 +84,24 @@ def rss_bytes_of_others():
         except (OSError, IndexError, ValueError):
             pass
     return total
+
+
+def sandbox_anon_bytes():
+    """Anonymous memory of the whole sandbox, tmpfs files excluded.
+
+    Under gVisor /proc/meminfo describes the sandbox, not the host, and counts a page shared by
+    forked processes once, which is what a memory limit should count.
+    """
+    fields = {}
+    with open("/proc/meminfo", "rb") as f:
+        for line in f:
+            key, _, rest = line.partition(b":")
+            if key in (b"AnonPages", b"Shmem"):
+                fields[key] = int(rest.split()[0]) * 1024
+    return fields.get(b"AnonPages", 0) - fields.get(b"Shmem", 0)
+
+
+MEMORY_PROBES = {"meminfo": sandbox_anon_bytes, "rss": rss_bytes_of_others}
 
 
 def kill_all_others(sig=signal.SIGKILL):
@@ -101,6 +121,7 @@ class Run:
         self.stream = bool(msg.get("stream"))
         self.cap = int(msg["max_output_bytes"])
         self.max_rss = int(msg["max_memory_mb"]) * 1048576
+        self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
         self.grace_s = float(msg.get("grace_s", 2.0))
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout_s"])
@@ -116,6 +137,7 @@ class Run:
         self.open_streams = set()
         self.stdin_view = memoryview(stdin_data)
         self.stdin_fd = None
+        self.drain_deadline = None
         self.pid = self._spawn(msg)
 
     def _spawn(self, msg):
@@ -126,6 +148,7 @@ class Run:
         argv = [str(a) for a in msg["argv"]]
         env = {str(k): str(v) for k, v in msg.get("env", {}).items()}
         cwd = msg.get("cwd", "/workspace")
+        nproc = int(msg.get("max_pids", 128))
         pid = os.fork()
         if pid == 0:  # child: never returns
             try:
@@ -139,6 +162,8 @@ class Run:
                         f.write("1000")
                 except OSError:
                     pass
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 os.dup2(in_r, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
@@ -226,6 +251,17 @@ class Run:
             self.kill_at = now + self.grace_s
 
     def tick(self, now):
+        if self.exit_code is not None and self.open_streams:
+            # Processes forked while the sweep ran escape it and keep the pipes open: sweep
+            # again until they are gone; give up on the pipes after a while rather than hang.
+            kill_all_others()
+            if self.drain_deadline is None:
+                self.drain_deadline = now + DRAIN_S
+            elif now >= self.drain_deadline:
+                for fd in list(self.open_streams):
+                    self.sel.unregister(fd)
+                    os.close(fd)
+                self.open_streams.clear()
         if self.exit_code is None:
             if self.status is None and now >= self.deadline:
                 self.stop("timeout", now)
@@ -233,7 +269,7 @@ class Run:
                 kill_all_others()
             if now >= self.next_mem_check:
                 self.next_mem_check = now + POLL_S
-                rss = rss_bytes_of_others()
+                rss = self.memory_probe()
                 self.peak_rss = max(self.peak_rss, rss)
                 if rss > self.max_rss and self.status is None:
                     self.status = "oom"
@@ -322,7 +358,13 @@ def op_list(msg, _blob):
     with os.scandir(full) as it:
         for entry in it:
             st = entry.stat(follow_symlinks=False)
-            kind = "dir" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "file"
+            kind = (
+                "dir"
+                if stat.S_ISDIR(st.st_mode)
+                else "symlink"
+                if stat.S_ISLNK(st.st_mode)
+                else "file"
+            )
             entries.append({"name": entry.name, "type": kind, "size": st.st_size})
     entries.sort(key=lambda e: e["name"])
     return {"entries": entries}, b""
@@ -432,7 +474,15 @@ def handle(msg, blob, run, sel):
     op, rid = msg.get("op"), msg.get("id")
     if op == "run":
         if run is not None:
-            send({"op": "result", "id": rid, "ok": False, "error": "Busy", "message": "a run is active"})
+            send(
+                {
+                    "op": "result",
+                    "id": rid,
+                    "ok": False,
+                    "error": "Busy",
+                    "message": "a run is active",
+                }
+            )
             return run
         try:
             return Run(rid, msg, blob, sel)
@@ -458,12 +508,25 @@ def handle(msg, blob, run, sel):
     except Refused as exc:
         send({"op": "result", "id": rid, "ok": False, "error": exc.kind, "message": str(exc)})
     except OSError as exc:
-        send({
-            "op": "result", "id": rid, "ok": False,
-            "error": type(exc).__name__, "message": "%s: %s" % (msg.get("path"), exc.strerror),
-        })
+        send(
+            {
+                "op": "result",
+                "id": rid,
+                "ok": False,
+                "error": type(exc).__name__,
+                "message": "%s: %s" % (msg.get("path"), exc.strerror),
+            }
+        )
     except (tarfile.TarError, ValueError) as exc:
-        send({"op": "result", "id": rid, "ok": False, "error": type(exc).__name__, "message": str(exc)})
+        send(
+            {
+                "op": "result",
+                "id": rid,
+                "ok": False,
+                "error": type(exc).__name__,
+                "message": str(exc),
+            }
+        )
     return run
 
 

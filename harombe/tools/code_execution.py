@@ -73,16 +73,21 @@ class CodeExecutionTools:
         language: str,
         code: str,
         sandbox_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the usage guide's parameter name
         network_enabled: bool = False,
         allowed_domains: Sequence[str] | None = None,
         *,
         on_output: OutputCallback | None = None,
     ) -> dict[str, Any]:
         """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result."""
-        params = {"language": language, "code": code, "sandbox_id": sandbox_id,
-                  "timeout": timeout, "network_enabled": network_enabled,
-                  "allowed_domains": list(allowed_domains or [])}
+        params = {
+            "language": language,
+            "code": code,
+            "sandbox_id": sandbox_id,
+            "timeout": timeout,
+            "network_enabled": network_enabled,
+            "allowed_domains": list(allowed_domains or []),
+        }
 
         async def body() -> dict[str, Any]:
             manager = self.sandbox_manager
@@ -96,7 +101,10 @@ class CodeExecutionTools:
                 )
                 sid = box.sandbox_id
             result = await manager.execute(
-                sid, code, language=language, timeout_s=timeout,  # type: ignore[arg-type]
+                sid,
+                code,
+                language=language,  # type: ignore[arg-type]
+                timeout_s=timeout,
                 on_output=on_output,
             )
             out = result.to_dict()
@@ -125,7 +133,9 @@ class CodeExecutionTools:
 
         return await self._call("code_install_package", params, body, fields=fields)
 
-    async def code_write_file(self, sandbox_id: str, file_path: str, content: str) -> dict[str, Any]:
+    async def code_write_file(
+        self, sandbox_id: str, file_path: str, content: str
+    ) -> dict[str, Any]:
         """Write ``content`` to ``/workspace/<file_path>``, creating parent directories."""
         params = {"sandbox_id": sandbox_id, "file_path": file_path, "content_chars": len(content)}
         fields = {"sandbox_id": sandbox_id, "file_path": file_path}
@@ -146,12 +156,20 @@ class CodeExecutionTools:
                 content = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 return {
-                    "success": False, **fields, "content": None, "read_bytes": len(data),
+                    "success": False,
+                    **fields,
+                    "content": None,
+                    "read_bytes": len(data),
                     "error": f"UnicodeDecodeError: {file_path} is not UTF-8 text ({exc.reason} "
                     f"at byte {exc.start}); read binary data by encoding it in code_execute",
                 }
-            return {"success": True, **fields, "content": content, "read_bytes": len(data),
-                    "error": None}
+            return {
+                "success": True,
+                **fields,
+                "content": content,
+                "read_bytes": len(data),
+                "error": None,
+            }
 
         return await self._call("code_read_file", dict(fields), body, fields=fields)
 
@@ -161,8 +179,13 @@ class CodeExecutionTools:
 
         async def body() -> dict[str, Any]:
             entries = await self.sandbox_manager.list_files(sandbox_id, path)
-            return {"success": True, **fields, "files": [e["name"] for e in entries],
-                    "entries": entries, "error": None}
+            return {
+                "success": True,
+                **fields,
+                "files": [e["name"] for e in entries],
+                "entries": entries,
+                "error": None,
+            }
 
         return await self._call("code_list_files", dict(fields), body, fields=fields)
 

@@ -1,0 +1,116 @@
+"""Isolation defaults, checked on the real container and from inside it."""
+
+import os
+
+import pytest
+
+from harombe.config import load_config
+from harombe.errors import InsecureRuntimeError, RuntimeNotAvailableError
+from harombe.security.docker_manager import DockerManager
+from harombe.security.sandbox_manager import SandboxManager
+from harombe.tools.code_execution import CodeExecutionTools
+
+
+async def test_container_is_configured_with_every_default(
+    sandbox_manager: SandboxManager, sandbox_id: str
+) -> None:
+    """Docker reports runsc, no network, read-only root, tmpfs workspace, limits, no caps."""
+    box = sandbox_manager.get(sandbox_id)
+    client = sandbox_manager.docker._client
+    assert client is not None
+    attrs = client.api.inspect_container(box.container_id)
+    host = attrs["HostConfig"]
+    limits = sandbox_manager.limits
+    assert host["Runtime"] == "runsc"
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
+    assert "no-new-privileges:true" in host["SecurityOpt"]
+    assert host["Memory"] == host["MemorySwap"] > 0
+    assert host["NanoCpus"] == int(limits.max_cpu_cores * 1e9)
+    assert host["Tmpfs"]["/workspace"].startswith(f"size={limits.max_disk_mb}m")
+    assert not host.get("Binds") and not attrs["Mounts"]
+    assert attrs["Config"]["User"] == "1000:1000"
+    assert attrs["Config"]["Labels"]["harombe.sandbox"] == sandbox_id
+
+
+async def test_code_sees_no_privilege(tools: CodeExecutionTools, sandbox_id: str) -> None:
+    """Non-root, no capabilities, no-new-privileges, read-only root from inside."""
+    code = (
+        "id -u\ngrep -E '^(CapEff|CapPrm)' /proc/self/status | tr -s '\\t ' ' '\n"
+        "python3 -c 'import ctypes; "
+        "print(\"NoNewPrivs:\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'\n"
+        "touch /usr/x 2>/dev/null || echo ro-root\ntouch /workspace/x && echo ws-writable"
+    )
+    result = await tools.code_execute(language="shell", code=code, sandbox_id=sandbox_id)
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "1000"
+    assert "CapPrm: 0000000000000000" in lines and "CapEff: 0000000000000000" in lines
+    assert "NoNewPrivs: 1" in lines
+    assert lines[-2:] == ["ro-root", "ws-writable"]
+
+
+async def test_no_network_at_all(tools: CodeExecutionTools, sandbox_id: str) -> None:
+    """No interface but loopback; connecting out or resolving names fails."""
+    code = (
+        "import socket\nprint(sorted(n for _, n in socket.if_nameindex()))\n"
+        "for target in [('10.0.0.1', 80), ('172.17.0.1', 2375)]:\n"
+        "    s = socket.socket(); s.settimeout(3)\n"
+        "    try:\n        s.connect(target); print('CONNECTED')\n"
+        "    except OSError as e:\n        print('refused')\n"
+        "try:\n    socket.getaddrinfo('example.com', 80); print('RESOLVED')\n"
+        "except OSError:\n    print('no-dns')"
+    )
+    result = await tools.code_execute(language="python", code=code, sandbox_id=sandbox_id)
+    assert result["stdout"].splitlines() == ["['lo']", "refused", "refused", "no-dns"]
+
+
+async def test_host_environment_never_reaches_the_sandbox(
+    tools: CodeExecutionTools, sandbox_id: str
+) -> None:
+    """A secret in the host process's environment is absent inside."""
+    os.environ["HAROMBE_TEST_SECRET"] = "s3cr3t-value"
+    try:
+        result = await tools.code_execute(
+            language="shell",
+            sandbox_id=sandbox_id,
+            code="env; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'",
+        )
+    finally:
+        del os.environ["HAROMBE_TEST_SECRET"]
+    assert "s3cr3t" not in result["stdout"]
+    assert "HOME=/home/sandbox" in result["stdout"]
+
+
+async def test_no_docker_socket_or_host_files(tools: CodeExecutionTools, sandbox_id: str) -> None:
+    """The Docker socket and the host's files are not visible."""
+    paths = "/var/run/docker.sock /run/docker.sock /work /etc/docker"
+    code = f"for p in {paths}; do test -e $p && echo $p; done; true"
+    result = await tools.code_execute(language="shell", code=code, sandbox_id=sandbox_id)
+    assert result["success"] and result["stdout"] == ""
+
+
+async def test_unregistered_runtime_refuses_to_start(docker_manager: DockerManager) -> None:
+    """A runtime Docker does not know is refused with the fix in the message."""
+    manager = SandboxManager(docker_manager, runtime="runsc-missing", allow_insecure_runtime=True)
+    with pytest.raises(RuntimeNotAvailableError, match="not registered with Docker"):
+        await manager.start()
+
+
+async def test_non_gvisor_runtime_needs_explicit_opt_in(docker_manager: DockerManager) -> None:
+    """runc is refused unless allow_insecure_runtime is set."""
+    with pytest.raises(InsecureRuntimeError, match="allow_insecure_runtime"):
+        await SandboxManager(docker_manager, runtime="runc").start()
+
+
+async def test_opted_in_runtime_is_named_in_every_result(docker_manager: DockerManager) -> None:
+    """With an explicit opt-in to runc, results say runc ran the code."""
+    config = load_config(environ={"HAROMBE__SECURITY__SANDBOX__ALLOW_INSECURE_RUNTIME": "true"})
+    manager = SandboxManager(docker_manager, runtime="runc", config=config)
+    await manager.start()
+    try:
+        tools = CodeExecutionTools(sandbox_manager=manager)
+        result = await tools.code_execute(language="shell", code="echo hi")
+        assert result["runtime"] == "runc" and result["stdout"] == "hi\n"
+    finally:
+        await manager.stop()

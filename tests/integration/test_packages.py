@@ -1,0 +1,77 @@
+"""Package installs into offline sandboxes, from the machine's own pip / npm configuration."""
+
+import pytest
+
+from harombe.tools.code_execution import CodeExecutionTools
+
+OFFLINE_CHECK = (
+    "import socket\ns = socket.socket(); s.settimeout(3)\n"
+    "try:\n    s.connect(('10.0.0.1', 443)); print('ONLINE')\nexcept OSError:\n    print('offline')"
+)
+
+
+async def test_pypi_package_is_importable_and_sandbox_stays_offline(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A PyPI install makes the module importable in later calls; the network stays off."""
+    result = await tools.code_install_package(
+        sandbox_id=fresh_sandbox, package="six==1.16.0", registry="pypi"
+    )
+    assert result["success"] is True, result
+    assert "Successfully installed six-1.16.0" in result["stdout"]
+    used = await tools.code_execute(
+        language="python", sandbox_id=fresh_sandbox, code="import six\nprint(six.__version__)"
+    )
+    assert used["stdout"] == "1.16.0\n"
+    offline = await tools.code_execute(
+        language="python", code=OFFLINE_CHECK, sandbox_id=fresh_sandbox
+    )
+    assert offline["stdout"] == "offline\n"
+
+
+async def test_npm_package_is_requirable(tools: CodeExecutionTools, fresh_sandbox: str) -> None:
+    """An npm install makes the package require()-able from code in the sandbox."""
+    result = await tools.code_install_package(
+        sandbox_id=fresh_sandbox, package="is-number@7.0.0", registry="npm"
+    )
+    assert result["success"] is True, result
+    used = await tools.code_execute(
+        language="javascript",
+        sandbox_id=fresh_sandbox,
+        code="console.log(require('is-number')(5), require('is-number')('x'))",
+    )
+    assert used["stdout"] == "true false\n"
+
+
+@pytest.mark.parametrize(
+    ("package", "registry", "needle"),
+    [
+        ("git+https://github.com/psf/requests", "pypi", "URL or path"),
+        ("https://example.invalid/evil.whl", "pypi", "URL or path"),
+        ("../evil", "pypi", "URL or path"),
+        ("github:user/repo", "npm", "URL, alias"),
+        ("requests", "cargo", "unknown registry"),
+        ("--extra-index-url=http://evil", "pypi", "option"),
+    ],
+    ids=["git", "url", "path", "github", "unknown-registry", "option"],
+)
+async def test_non_registry_specs_are_refused(
+    tools: CodeExecutionTools, sandbox_id: str, package: str, registry: str, needle: str
+) -> None:
+    """URLs, VCS refs, paths, options and unknown registries never reach pip or npm."""
+    result = await tools.code_install_package(
+        sandbox_id=sandbox_id, package=package, registry=registry
+    )
+    assert result["success"] is False
+    assert result["error"].startswith("PackageSpecError") and needle in result["error"]
+
+
+async def test_missing_package_is_a_clear_failure(
+    tools: CodeExecutionTools, sandbox_id: str
+) -> None:
+    """A package that does not exist fails with pip's reason, not an exception."""
+    result = await tools.code_install_package(
+        sandbox_id=sandbox_id, package="harombe-no-such-package-zz==0.0.1", registry="pypi"
+    )
+    assert result["success"] is False
+    assert result["error"].startswith("PackageFetchError")

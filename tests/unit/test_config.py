@@ -1,0 +1,121 @@
+"""Configuration: the guide's schema, strict keys, environment and constructor precedence."""
+
+from pathlib import Path
+
+import pytest
+
+from harombe.config import DEFAULT_IMAGE, env_overrides, load_config, override, parse_config
+from harombe.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_yaml_loads_with_the_guides_defaults() -> None:
+    """config/harombe.yaml parses and carries the guide's default limits."""
+    config = load_config(REPO / "config" / "harombe.yaml", environ={})
+    sandbox = config.security.sandbox
+    assert sandbox.runtime == "runsc"
+    assert sandbox.limits.max_memory_mb == 512
+    assert sandbox.limits.max_cpu_cores == 0.5
+    assert sandbox.limits.max_disk_mb == 1024
+    assert sandbox.limits.max_execution_time == 30
+    assert sandbox.limits.max_output_bytes == 1_048_576
+    assert sandbox.network.enabled_by_default is False
+    assert config.security.hitl.enabled is True
+    assert config.security.hitl.auto_approve_low_risk is True
+    assert set(sandbox.languages) == {"python", "javascript", "shell"}
+
+
+def test_defaults_without_any_file() -> None:
+    """With no file and no environment, the built-in defaults apply."""
+    config = load_config(environ={})
+    assert config.security.sandbox.image_for("python") == DEFAULT_IMAGE
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"security": {"sandbox": {"limts": {}}}}, "unknown key 'security.sandbox.limts'"),
+        ({"security": {"sandbox": {"limits": {"max_memroy_mb": 1}}}}, "max_memroy_mb"),
+        ({"security": {"hitll": {}}}, "valid keys there are sandbox, hitl"),
+        (
+            {"security": {"sandbox": {"languages": {"python": {"imag": "x"}}}}},
+            "languages.python.imag",
+        ),
+        ({"security": {"sandbox": {"languages": {"ruby": {"image": "x"}}}}}, "ruby"),
+        ({"security": {"sandbox": {"limits": {"max_memory_mb": "lots"}}}}, "max_memory_mb"),
+        ({"security": {"sandbox": {"limits": {"max_cpu_cores": 0}}}}, "max_cpu_cores"),
+    ],
+    ids=[
+        "misspelt-section",
+        "misspelt-limit",
+        "lists-valid-keys",
+        "nested-language",
+        "unknown-language",
+        "wrong-type",
+        "out-of-range",
+    ],
+)
+def test_bad_config_is_rejected_naming_the_key(data: dict, needle: str) -> None:
+    """Unknown keys and bad values fail with a message that names them."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(data)
+    assert needle in str(info.value)
+
+
+def test_environment_overrides_file(tmp_path: Path) -> None:
+    """HAROMBE__A__B variables override the YAML file, parsed as YAML scalars."""
+    file = tmp_path / "h.yaml"
+    file.write_text("security:\n  sandbox:\n    limits:\n      max_memory_mb: 256\n")
+    env = {
+        "HAROMBE__SECURITY__SANDBOX__LIMITS__MAX_MEMORY_MB": "1024",
+        "HAROMBE__SECURITY__HITL__ENABLED": "false",
+        "UNRELATED": "x",
+    }
+    config = load_config(file, environ=env)
+    assert config.security.sandbox.limits.max_memory_mb == 1024
+    assert config.security.hitl.enabled is False
+
+
+def test_config_path_from_environment(tmp_path: Path) -> None:
+    """$HAROMBE_CONFIG names the file when no path is given."""
+    file = tmp_path / "h.yaml"
+    file.write_text("security:\n  sandbox:\n    runtime: runsc-custom\n")
+    assert (
+        load_config(environ={"HAROMBE_CONFIG": str(file)}).security.sandbox.runtime
+        == "runsc-custom"
+    )
+
+
+def test_unknown_key_in_environment_is_rejected() -> None:
+    """A misspelt environment override fails like a misspelt YAML key."""
+    with pytest.raises(ConfigError, match="max_memroy_mb"):
+        load_config(environ={"HAROMBE__SECURITY__SANDBOX__LIMITS__MAX_MEMROY_MB": "1"})
+
+
+def test_constructor_arguments_override_everything() -> None:
+    """override() replaces limits and runtime; None leaves a value alone."""
+    base = load_config(environ={"HAROMBE__SECURITY__SANDBOX__LIMITS__MAX_MEMORY_MB": "256"})
+    config = override(base, max_memory_mb=2048, runtime="runsc", max_disk_mb=None)
+    assert config.security.sandbox.limits.max_memory_mb == 2048
+    assert config.security.sandbox.limits.max_disk_mb == 1024
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [("missing.yaml", "does not exist"), ("list.yaml", "mapping"), ("bad.yaml", "not valid YAML")],
+    ids=["missing", "not-a-mapping", "broken-yaml"],
+)
+def test_unreadable_files_say_why(tmp_path: Path, text: str, error: str) -> None:
+    """Missing, non-mapping and broken files give a ConfigError that says which."""
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "bad.yaml").write_text("security: [\n")
+    with pytest.raises(ConfigError, match=error):
+        load_config(tmp_path / text, environ={})
+
+
+def test_env_override_tree() -> None:
+    """Nested names become nested keys; values are typed."""
+    assert env_overrides({"HAROMBE__A__B": "3", "HAROMBE__A__C": "[1, 2]"}) == {
+        "a": {"b": 3, "c": [1, 2]}
+    }

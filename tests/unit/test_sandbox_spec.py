@@ -1,0 +1,173 @@
+"""Container spec, ids, framing and result decoding: pure pieces of the sandbox core."""
+
+import os
+import socket
+from pathlib import Path
+
+import docker.errors
+import pytest
+import requests.exceptions
+
+from harombe.config import SandboxConfig
+from harombe.errors import (
+    DockerUnavailableError,
+    ImageNotFoundError,
+    RuntimeNotAvailableError,
+    SandboxLostError,
+    SandboxNotFoundError,
+)
+from harombe.images import debian_mirror
+from harombe.security import supervisor
+from harombe.security.channel import FrameDecoder, encode
+from harombe.security.docker_manager import translate
+from harombe.security.sandbox import argv_for, check_sandbox_id, container_spec, new_sandbox_id
+from harombe.security.sandbox_manager import _decode, owner_is_gone
+
+
+def _spec(**limits: object) -> dict:
+    config = SandboxConfig.model_validate({"limits": limits})
+    return container_spec(
+        "sandbox-0123456789ab",
+        image="img",
+        config=config,
+        owner="h:1:2",
+        manager_id="m",
+        language="python",
+    )
+
+
+def test_spec_carries_every_isolation_default() -> None:
+    """runsc, no network, read-only root, no caps, no-new-privileges, non-root, limits."""
+    spec = _spec(max_memory_mb=512, max_cpu_cores=0.5, max_disk_mb=1024, max_pids=64)
+    assert spec["runtime"] == "runsc"
+    assert spec["network_mode"] == "none"
+    assert spec["read_only"] is True
+    assert spec["cap_drop"] == ["ALL"]
+    assert "cap_add" not in spec
+    assert spec["security_opt"] == ["no-new-privileges:true"]
+    assert spec["user"] == "1000:1000"
+    assert spec["nano_cpus"] == 500_000_000
+    assert spec["pids_limit"] > 64  # host side: gVisor's own threads count there too
+    assert spec["mem_limit"] == spec["memswap_limit"]  # no swap
+    assert spec["tmpfs"]["/workspace"].startswith("size=1024m,")
+    assert "volumes" not in spec and "mounts" not in spec  # no host mounts
+    assert spec["environment"] == {"LANG": "C.UTF-8"}  # nothing from the host
+    assert spec["labels"]["harombe.managed"] == "1"
+    assert spec["labels"]["harombe.sandbox"] == "sandbox-0123456789ab"
+    assert spec["log_config"]["type"] == "none"
+
+
+def test_ids_are_well_formed_and_crafted_ids_are_refused() -> None:
+    """New ids pass the check; anything else raises SandboxNotFoundError."""
+    assert check_sandbox_id(new_sandbox_id())
+    for bad in [
+        "",
+        "sandbox-XYZ",
+        "../../etc",
+        "sandbox-0123456789ab; rm",
+        None,
+        42,
+        "harombe-sandbox-0123456789ab",
+        "sandbox-0123456789abc",
+    ]:
+        with pytest.raises(SandboxNotFoundError, match="not a harombe sandbox id"):
+            check_sandbox_id(bad)
+
+
+@pytest.mark.parametrize(
+    ("language", "argv0", "stdin"),
+    [
+        ("python", "python3", b"print(1)"),
+        ("javascript", "node", b"print(1)"),
+        ("shell", "bash", b""),
+    ],
+    ids=["python", "javascript", "shell"],
+)
+def test_argv_per_language(language: str, argv0: str, stdin: bytes) -> None:
+    """Python and Node read code from stdin; bash gets it as -c."""
+    argv, data = argv_for(language, "print(1)")  # type: ignore[arg-type]
+    assert argv[0] == argv0 and data == stdin
+
+
+def test_frames_round_trip_in_pieces() -> None:
+    """Frames split at any byte boundary decode to the same messages and blobs."""
+    stream = encode({"op": "a", "id": 1}, b"\x00blob") + encode({"op": "b", "id": 2})
+    decoder = FrameDecoder()
+    got = []
+    for i in range(len(stream)):
+        got += decoder.feed(stream[i : i + 1])
+    assert got == [({"op": "a", "id": 1}, b"\x00blob"), ({"op": "b", "id": 2}, b"")]
+
+
+def test_truncated_output_is_marked_and_never_splits_a_character() -> None:
+    """A multi-byte character cut by the byte cap is dropped, and the marker is added."""
+    data = "héllo".encode()[:2]  # 'h' + first byte of 'é'
+    text, cut = _decode(data, total=10)
+    assert (text, cut) == ("h\n[OUTPUT TRUNCATED]", True)
+    assert _decode("héllo".encode(), total=6) == ("héllo", False)
+
+
+def test_owner_of_a_dead_process_is_gone() -> None:
+    """Containers of this live process are kept; those of a dead pid, or reused pid, are not."""
+    host = socket.gethostname()
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        started = f.read().rsplit(")", 1)[1].split()[19]
+    assert not owner_is_gone(f"{host}:{os.getpid()}:{started}", hostname=host)
+    assert owner_is_gone(f"{host}:{os.getpid()}:0", hostname=host)  # pid reused
+    assert owner_is_gone(f"{host}:999999999:1", hostname=host)
+    assert not owner_is_gone("otherhost:1:1", hostname=host)
+    assert not owner_is_gone("garbage", hostname=host)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "needle"),
+    [
+        (docker.errors.ImageNotFound("no such image"), ImageNotFoundError, "images build"),
+        (docker.errors.NotFound("No such container"), SandboxLostError, "gone"),
+        (
+            docker.errors.APIError("unknown or invalid runtime name: runsc"),
+            RuntimeNotAvailableError,
+            "daemon.json",
+        ),
+        (requests.exceptions.ConnectionError("refused"), DockerUnavailableError, "start it"),
+        (FileNotFoundError("/var/run/docker.sock"), DockerUnavailableError, "start it"),
+        (docker.errors.DockerException("boom"), DockerUnavailableError, "failed"),
+    ],
+    ids=["image", "container-gone", "runtime", "connection", "no-socket", "other"],
+)
+def test_docker_errors_map_to_harombe_errors(exc: Exception, kind: type, needle: str) -> None:
+    """Each Docker failure becomes the harombe error that says how to fix it."""
+    mapped = translate(exc, what="testing")
+    assert isinstance(mapped, kind)
+    assert needle in str(mapped)
+
+
+def test_unknown_errors_are_not_swallowed() -> None:
+    """A bug (not a Docker error) propagates unchanged."""
+    with pytest.raises(ZeroDivisionError):
+        translate(ZeroDivisionError())
+
+
+def test_supervisor_resolve_refuses_symlink_escapes(tmp_path: Path) -> None:
+    """The in-sandbox check follows symlinks and refuses targets outside the root."""
+    root = tmp_path / "ws"
+    (root / "inner").mkdir(parents=True)
+    (root / "out").symlink_to("/etc")
+    (root / "in").symlink_to(root / "inner")
+    (root / "rel").symlink_to("../")
+    assert supervisor.resolve(str(root), "in/x") == str(root / "inner" / "x")
+    for bad in ("out/passwd", "rel/x", "/etc/passwd", "a\x00"):
+        with pytest.raises(supervisor.Refused):
+            supervisor.resolve(str(root), bad)
+
+
+def test_debian_mirror_comes_from_apt_sources(tmp_path: Path) -> None:
+    """The mirror is read from deb822 or one-line sources; the environment wins."""
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "x.sources").write_text(
+        "Types: deb\nURIs: http://mirror.invalid/debian\nSuites: bookworm\n"
+    )
+    assert debian_mirror({}, tmp_path) == "http://mirror.invalid/debian"
+    assert (
+        debian_mirror({"HAROMBE_DEBIAN_MIRROR": "http://m/debian"}, tmp_path) == "http://m/debian"
+    )
