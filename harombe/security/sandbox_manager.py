@@ -447,9 +447,10 @@ class SandboxManager(FileOps):
         info = box.info
         async with box.lock:
             if spec.registry == "npm":
+                started = time.perf_counter()
                 archive, npm_output = await packages.fetch_npm(spec)
                 await self._untar(box, archive, root=f"{HOME}/node_modules")
-                return self._install_result(box, npm_output)
+                return self._install_result(box, npm_output, time.perf_counter() - started)
             libc = info.get("libc") or ["glibc", "2.17"]
             archive = await packages.fetch_pypi(
                 spec,
@@ -485,14 +486,14 @@ class SandboxManager(FileOps):
                 await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
             return result
 
-    def _install_result(self, box: Sandbox, output: str) -> ExecutionResult:
+    def _install_result(self, box: Sandbox, output: str, elapsed_s: float) -> ExecutionResult:
         return ExecutionResult(
             success=True,
             sandbox_id=box.sandbox_id,
             stdout=output,
             stderr="",
             exit_code=0,
-            execution_time=0.0,
+            execution_time=round(elapsed_s, 6),
             error=None,
             status="ok",
             language="javascript",

@@ -14,7 +14,7 @@ from typing import Any
 
 import structlog
 
-from harombe.errors import HarombeError
+from harombe.errors import HarombeError, UsageError
 from harombe.security.channel import OutputCallback
 from harombe.security.sandbox_manager import SandboxManager
 
@@ -36,6 +36,12 @@ class CodeExecutionTools:
     ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`."""
 
     def __init__(self, sandbox_manager: SandboxManager, hitl_gate: Any | None = None) -> None:
+        if hitl_gate is not None:
+            # Accepting a gate and not consulting it would let every call through: fail closed.
+            raise UsageError(
+                "hitl_gate is not supported by this version of CodeExecutionTools; "
+                "construct the tools without it, or upgrade harombe"
+            )
         self.sandbox_manager = sandbox_manager
         self.hitl_gate = hitl_gate
 

@@ -39,7 +39,7 @@ async def test_code_sees_no_privilege(tools: CodeExecutionTools, sandbox_id: str
     code = (
         "id -u\ngrep -E '^(CapEff|CapPrm)' /proc/self/status | tr -s '\\t ' ' '\n"
         "python3 -c 'import ctypes; "
-        "print(\"NoNewPrivs:\", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))'\n"
+        'print("NoNewPrivs:", ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))\'\n'
         "touch /usr/x 2>/dev/null || echo ro-root\ntouch /workspace/x && echo ws-writable"
     )
     result = await tools.code_execute(language="shell", code=code, sandbox_id=sandbox_id)
