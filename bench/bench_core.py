@@ -50,7 +50,7 @@ async def main(runs: int) -> None:
     manager = SandboxManager(docker_manager)
     await manager.start()
     image = manager.sandbox_config.image_for("python")
-    create, raw_run, execute, raw_exec = [], [], [], []
+    create, raw_run, execute, raw_exec, files = [], [], [], [], []
     try:
         for _ in range(runs):
             t = time.perf_counter()
@@ -68,6 +68,10 @@ async def main(runs: int) -> None:
             result = await manager.execute(box.sandbox_id, "print(1)")
             execute.append(time.perf_counter() - t)
             assert result.stdout == "1\n", result
+            t = time.perf_counter()
+            await manager.write_file(box.sandbox_id, "f.txt", "x" * 1024)
+            await manager.read_file(box.sandbox_id, "f.txt")
+            files.append((time.perf_counter() - t) / 2)
             raw_exec.append(
                 await timed("docker", "exec", box.container_id, "python3", "-c", "print(1)")
             )
@@ -78,6 +82,7 @@ async def main(runs: int) -> None:
     print(row("docker run --runtime=runsc (raw, cold)", raw_run))
     print(row("code_execute print(1), existing sandbox", execute))
     print(row("docker exec python3 -c print(1) (raw)", raw_exec))
+    print(row("file write or read (1 KiB), per operation", files))
     create_ratio = statistics.median(create) / statistics.median(raw_run)
     exec_ratio = statistics.median(raw_exec) / statistics.median(execute)
     print(f"ratio create / raw run  (p50): {create_ratio:.2f}x")

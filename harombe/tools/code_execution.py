@@ -43,7 +43,6 @@ class CodeExecutionTools:
                 "construct the tools without it, or upgrade harombe"
             )
         self.sandbox_manager = sandbox_manager
-        self.hitl_gate = hitl_gate
 
     async def _call(
         self,
