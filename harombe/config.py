@@ -84,10 +84,22 @@ class SandboxConfig(_Strict):
         return entry.image if entry else DEFAULT_IMAGE
 
 
+class HITLRuleConfig(_Strict):
+    """A custom rule, appended to the default sandbox rules (the highest matching risk wins)."""
+
+    tools: list[str] = Field(min_length=1)
+    risk: Literal["low", "medium", "high", "critical", "LOW", "MEDIUM", "HIGH", "CRITICAL"]
+    require_approval: bool = True
+    timeout: float | None = Field(None, gt=0, description="approval timeout, seconds")
+    conditions: list[dict[str, Any]] = Field(default_factory=list)
+    description: str = ""
+
+
 class HITLConfig(_Strict):
     enabled: bool = True
     auto_approve_low_risk: bool = True
-    rules: list[dict[str, Any]] = Field(default_factory=list)
+    # Custom rules; each is checked again (regular expressions, operators) when the gate is built.
+    rules: list[HITLRuleConfig] = Field(default_factory=list)
 
 
 class SecurityConfig(_Strict):

@@ -4,6 +4,11 @@ Every method returns a result dict and never raises for anything an agent can ca
 refusals, unknown sandboxes, bad paths, failing code and lost sandboxes all come back as
 ``success: False`` with an ``error`` that starts with the error's kind. Each call emits exactly
 one ``tool.called`` audit event (sizes and outcome, never code or file contents above debug).
+
+With a :class:`~harombe.security.hitl.HITLGate`, every call is classified and decided *before*
+anything touches Docker; a call that is not approved returns ``success: False`` with an
+``ApprovalDeniedError`` naming the denial, the risk and the reasons, and every result carries the
+decision under ``approval``.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import structlog
 
 from harombe.errors import HarombeError, UsageError
 from harombe.security.channel import OutputCallback
+from harombe.security.hitl import ApprovalDecision, HITLGate, Operation
 from harombe.security.sandbox_manager import SandboxManager
 
 log = structlog.get_logger(__name__)
@@ -35,28 +41,35 @@ class CodeExecutionTools:
     """``code_execute``, ``code_install_package``, ``code_write_file``, ``code_read_file``,
     ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`."""
 
-    def __init__(self, sandbox_manager: SandboxManager, hitl_gate: Any | None = None) -> None:
-        if hitl_gate is not None:
-            # Accepting a gate and not consulting it would let every call through: fail closed.
-            raise UsageError(
-                "hitl_gate is not supported by this version of CodeExecutionTools; "
-                "construct the tools without it, or upgrade harombe"
-            )
+    def __init__(self, sandbox_manager: SandboxManager, hitl_gate: HITLGate | None = None) -> None:
+        if hitl_gate is not None and not callable(getattr(hitl_gate, "check_approval", None)):
+            # A gate that cannot be consulted would let every call through: fail closed.
+            got = type(hitl_gate).__name__
+            raise UsageError(f"hitl_gate must be a harombe.security.hitl.HITLGate (got {got})")
         self.sandbox_manager = sandbox_manager
+        self.hitl_gate = hitl_gate
 
     async def _call(
         self,
         tool: str,
         params: dict[str, Any],
-        body: Callable[[], Awaitable[dict[str, Any]]],
+        body: Callable[[ApprovalDecision | None], Awaitable[dict[str, Any]]],
         *,
         fields: dict[str, Any],
+        log_params: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         started = time.perf_counter()
+        decision = None
+        if self.hitl_gate is not None:
+            decision = await self.hitl_gate.check_approval(Operation(tool, params))
         try:
-            result = await body()
+            if decision is not None and not decision.approved:
+                raise decision.error()
+            result = await body(decision)
         except HarombeError as err:
             result = _failure(err, **fields)
+        if decision is not None:
+            result["approval"] = decision.summary()
         duration = time.perf_counter() - started
         log.info(
             "tool.called",
@@ -65,12 +78,13 @@ class CodeExecutionTools:
             language=params.get("language"),
             success=result.get("success"),
             status=result.get("status"),
+            approval=decision.status.value if decision is not None else None,
             exit_code=result.get("exit_code"),
             error_kind=(result.get("error") or "").split(":", 1)[0] or None,
             duration_s=round(duration, 4),
             **{k: v for k, v in result.items() if k.endswith("_bytes")},
         )
-        log.debug("tool.params", tool=tool, params=params)
+        log.debug("tool.params", tool=tool, params=params if log_params is None else log_params)
         return result
 
     async def code_execute(
@@ -94,7 +108,7 @@ class CodeExecutionTools:
             "allowed_domains": list(allowed_domains or []),
         }
 
-        async def body() -> dict[str, Any]:
+        async def body(decision: ApprovalDecision | None) -> dict[str, Any]:
             manager = self.sandbox_manager
             warnings = [NETWORK_OFFLINE_WARNING] if network_enabled else []
             sid = sandbox_id
@@ -105,6 +119,9 @@ class CodeExecutionTools:
                     allowed_domains=allowed_domains or (),
                 )
                 sid = box.sandbox_id
+                if decision is not None and self.hitl_gate is not None:
+                    # "Approve for this sandbox" given before the sandbox existed applies to it.
+                    self.hitl_gate.remember(decision, sid)
             result = await manager.execute(
                 sid,
                 code,
@@ -125,7 +142,7 @@ class CodeExecutionTools:
         params = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
         fields = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
 
-        async def body() -> dict[str, Any]:
+        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
             result = await self.sandbox_manager.install_package(sandbox_id, package, registry)
             return {
                 "success": result.success,
@@ -142,20 +159,26 @@ class CodeExecutionTools:
         self, sandbox_id: str, file_path: str, content: str
     ) -> dict[str, Any]:
         """Write ``content`` to ``/workspace/<file_path>``, creating parent directories."""
-        params = {"sandbox_id": sandbox_id, "file_path": file_path, "content_chars": len(content)}
+        params = {"sandbox_id": sandbox_id, "file_path": file_path, "content": content}
         fields = {"sandbox_id": sandbox_id, "file_path": file_path}
 
-        async def body() -> dict[str, Any]:
+        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
             written = await self.sandbox_manager.write_file(sandbox_id, file_path, content)
             return {"success": True, **fields, "written_bytes": written, "error": None}
 
-        return await self._call("code_write_file", params, body, fields=fields)
+        return await self._call(
+            "code_write_file",
+            params,
+            body,
+            fields=fields,
+            log_params={**fields, "content_chars": len(content)},
+        )
 
     async def code_read_file(self, sandbox_id: str, file_path: str) -> dict[str, Any]:
         """The UTF-8 text of ``/workspace/<file_path>``."""
         fields = {"sandbox_id": sandbox_id, "file_path": file_path}
 
-        async def body() -> dict[str, Any]:
+        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
             data = await self.sandbox_manager.read_file(sandbox_id, file_path)
             try:
                 content = data.decode("utf-8")
@@ -182,7 +205,7 @@ class CodeExecutionTools:
         """Names in a workspace directory (``files``) and their details (``entries``)."""
         fields = {"sandbox_id": sandbox_id, "path": path}
 
-        async def body() -> dict[str, Any]:
+        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
             entries = await self.sandbox_manager.list_files(sandbox_id, path)
             return {
                 "success": True,
@@ -198,8 +221,10 @@ class CodeExecutionTools:
         """Destroy the sandbox and everything in it."""
         fields = {"sandbox_id": sandbox_id}
 
-        async def body() -> dict[str, Any]:
+        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
             await self.sandbox_manager.destroy_sandbox(sandbox_id)
+            if self.hitl_gate is not None:
+                self.hitl_gate.forget_sandbox(sandbox_id)
             return {"success": True, **fields, "error": None}
 
         return await self._call("code_destroy_sandbox", dict(fields), body, fields=fields)

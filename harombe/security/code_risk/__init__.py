@@ -1,0 +1,85 @@
+"""What a piece of code does that warrants CRITICAL review: pure analyzers, one per language.
+
+Each analyzer takes source text and returns :class:`Finding` objects, each naming the construct
+and the line it is on. No analyzer runs, imports or evaluates the code it reads: Python is read
+through :mod:`ast`, shell and JavaScript through small tokenizers that understand quoting, so a
+word inside a string or a comment is never a finding. Code that cannot be read is itself a
+finding (``unparseable``): the conservative answer to "what does this do?" is "anything".
+
+Analyzers recurse where one language hands code to another (``bash -c``, ``python3 -c``,
+``node -e``), so nesting does not hide a call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Finding", "analyze_code", "language_for_path"]
+
+#: Nesting depth beyond which code handed to another interpreter is not followed any further;
+#: deeper nesting is itself reported, because nothing benign needs it.
+MAX_DEPTH = 4
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One dangerous construct: ``construct`` is a short stable tag, ``line`` is 1-based."""
+
+    construct: str
+    detail: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"line {self.line}: " if self.line is not None else ""
+        return f"{where}{self.detail}"
+
+
+def analyze_code(language: str, code: str, *, depth: int = 0) -> list[Finding]:
+    """Dangerous constructs in ``code`` written in ``language`` (python, javascript, shell).
+
+    An unknown language is judged conservatively: one ``unknown-language`` finding.
+    """
+    if depth > MAX_DEPTH:
+        return [Finding("nesting", f"code nested more than {MAX_DEPTH} interpreters deep")]
+    # Imported here: each analyzer module imports this one for Finding.
+    from harombe.security.code_risk import javascript, python, shell
+
+    analyzers = {
+        "python": python.analyze,
+        "javascript": javascript.analyze,
+        "shell": shell.analyze,
+    }
+    analyzer = analyzers.get(language)
+    if analyzer is None:
+        return [Finding("unknown-language", f"cannot analyze code in language {language!r}")]
+    return analyzer(code, depth=depth)
+
+
+_EXTENSIONS = {
+    ".py": "python",
+    ".pyw": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".sh": "shell",
+    ".bash": "shell",
+}
+_SHEBANGS = {"python": "python", "node": "javascript", "sh": "shell", "bash": "shell"}
+
+
+def language_for_path(path: str, content: str = "") -> str | None:
+    """The language a file at ``path`` would run as: by extension, else by its ``#!`` line."""
+    lower = path.lower()
+    for ext, language in _EXTENSIONS.items():
+        if lower.endswith(ext):
+            return language
+    if content.startswith("#!"):
+        words = content[2:].split("\n", 1)[0].split()
+        if words:
+            prog = words[0].rsplit("/", 1)[-1]
+            if prog == "env" and len(words) > 1:
+                prog = words[1]
+            for prefix, language in _SHEBANGS.items():
+                if prog.startswith(prefix):
+                    return language
+    return None

@@ -1,0 +1,271 @@
+"""Dangerous constructs in JavaScript, found through its tokens.
+
+The tokenizer knows strings (decoding their escapes), template literals (whose ``${…}`` parts are
+code), comments, regular-expression literals and identifier escapes (``\\u0065val`` is ``eval``),
+so a word inside a string or comment is never a finding and an escaped name does not hide one.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from harombe.security.code_risk import Finding
+
+#: Modules whose import means running programs or strings as code.
+DANGEROUS_MODULES = {
+    "child_process": "child_process runs other programs",
+    "vm": "vm runs strings as code",
+    "inspector": "inspector evaluates code in the running process",
+    "worker_threads": "worker_threads can run strings as code",
+}
+#: Names that lead past the module system to the process's internals.
+INTERNALS = {"mainModule", "binding", "_linkedBinding", "dlopen", "_load", "constructor"}
+GLOBAL_OBJECTS = {"globalThis", "global", "window", "self", "process", "module"}
+REFLECTED = INTERNALS | {"eval", "Function", "require"} | DANGEROUS_MODULES.keys()
+TIMERS = {"setTimeout", "setInterval", "setImmediate"}
+_REGEX_AFTER_WORDS = {"return", "typeof", "instanceof", "in", "of", "new", "delete", "void",
+                      "throw", "case", "do", "else", "yield", "await"}  # fmt: skip
+_PUNCT = ("?.", "...", "=>", "(", ")", "[", "]", "{", "}", ".", ",", ";", ":", "?", "=", "+", "-",
+          "*", "%", "!", "~", "<", ">", "&", "|", "^", "/")  # fmt: skip
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
+
+
+class JSSyntaxError(ValueError):
+    def __init__(self, message: str, line: int) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # name, str, num, punct, regex
+    value: str
+    line: int
+
+
+class _Tokenizer:
+    def __init__(self, src: str) -> None:
+        self.src = src
+        self.i = 0
+        self.line = 1
+        self.tokens: list[Token] = []
+        self.braces: list[str] = []  # "{" for blocks, "`" for a template's ${ … }
+
+    def error(self, message: str) -> JSSyntaxError:
+        return JSSyntaxError(message, self.line)
+
+    def char(self) -> str:
+        ch = self.src[self.i]
+        self.i += 1
+        if ch == "\n":
+            self.line += 1
+        return ch
+
+    def escape(self) -> str:
+        """Decode one escape after a consumed backslash (strings and identifiers)."""
+        if self.i >= len(self.src):
+            raise self.error("unterminated escape")
+        ch = self.char()
+        if ch == "u":
+            if self.src.startswith("{", self.i):
+                end = self.src.find("}", self.i)
+                if end < 0:
+                    raise self.error("bad \\u{} escape")
+                digits, self.i = self.src[self.i + 1 : end], end + 1
+            else:
+                digits, self.i = self.src[self.i : self.i + 4], self.i + 4
+            try:
+                return chr(int(digits, 16))
+            except ValueError:
+                raise self.error("bad \\u escape") from None
+        if ch == "x":
+            digits, self.i = self.src[self.i : self.i + 2], self.i + 2
+            try:
+                return chr(int(digits, 16))
+            except ValueError:
+                raise self.error("bad \\x escape") from None
+        if ch == "\n":
+            return ""
+        return _SIMPLE_ESCAPES.get(ch, ch)
+
+    def regex_allowed(self) -> bool:
+        if not self.tokens:
+            return True
+        last = self.tokens[-1]
+        if last.kind == "name":
+            return last.value in _REGEX_AFTER_WORDS
+        return last.kind == "punct" and last.value not in (")", "]", "}")
+
+    def run(self) -> list[Token]:
+        while self.i < len(self.src):
+            ch = self.src[self.i]
+            line = self.line
+            if ch.isspace():
+                self.char()
+            elif self.src.startswith("//", self.i):
+                end = self.src.find("\n", self.i)
+                self.i = len(self.src) if end < 0 else end
+            elif self.src.startswith("/*", self.i):
+                end = self.src.find("*/", self.i + 2)
+                if end < 0:
+                    raise self.error("unterminated /* comment")
+                self.line += self.src.count("\n", self.i, end)
+                self.i = end + 2
+            elif ch in "'\"":
+                self.char()
+                self.tokens.append(Token("str", self.string(ch), line))
+            elif ch == "`":
+                self.char()
+                self.template(line)
+            elif ch == "}" and self.braces and self.braces[-1] == "`":
+                self.braces.pop()
+                self.char()
+                self.template(line)
+            elif ch == "/" and self.regex_allowed():
+                self.char()
+                self.regex(line)
+            elif ch.isalpha() or ch in "_$\\" or ord(ch) > 127:
+                self.tokens.append(Token("name", self.name(), line))
+            elif ch.isdigit():
+                match = re.match(r"[0-9A-Za-z_.]+", self.src[self.i :])
+                assert match is not None
+                self.i += len(match.group())
+                self.tokens.append(Token("num", match.group(), line))
+            else:
+                punct = next((p for p in _PUNCT if self.src.startswith(p, self.i)), ch)
+                self.i += len(punct)
+                if punct == "{":
+                    self.braces.append("{")
+                elif punct == "}" and self.braces:
+                    self.braces.pop()
+                self.tokens.append(Token("punct", "." if punct == "?." else punct, line))
+        if any(b == "`" for b in self.braces):
+            raise self.error("unterminated template literal")
+        return self.tokens
+
+    def string(self, quote: str) -> str:
+        out: list[str] = []
+        while True:
+            if self.i >= len(self.src) or self.src[self.i] == "\n":
+                raise self.error("unterminated string")
+            ch = self.char()
+            if ch == quote:
+                return "".join(out)
+            out.append(self.escape() if ch == "\\" else ch)
+
+    def template(self, line: int) -> None:
+        """Literal text up to the closing backtick or the next ``${`` (whose code follows)."""
+        out = []
+        while True:
+            if self.i >= len(self.src):
+                raise self.error("unterminated template literal")
+            ch = self.char()
+            if ch == "`":
+                break
+            if ch == "\\":
+                out.append(self.escape())
+            elif ch == "$" and self.src.startswith("{", self.i):
+                self.i += 1
+                self.braces.append("`")
+                break
+            else:
+                out.append(ch)
+        self.tokens.append(Token("str", "".join(out), line))
+
+    def regex(self, line: int) -> None:
+        in_class = False
+        while True:
+            if self.i >= len(self.src) or self.src[self.i] == "\n":
+                raise self.error("unterminated regular expression")
+            ch = self.char()
+            if ch == "\\":
+                self.char()
+            elif ch == "[":
+                in_class = True
+            elif ch == "]":
+                in_class = False
+            elif ch == "/" and not in_class:
+                break
+        while self.i < len(self.src) and self.src[self.i].isalpha():
+            self.i += 1
+        self.tokens.append(Token("regex", "", line))
+
+    def name(self) -> str:
+        out = []
+        while self.i < len(self.src):
+            ch = self.src[self.i]
+            if ch == "\\" and self.src.startswith("\\u", self.i):
+                self.i += 1
+                out.append(self.escape())
+            elif ch.isalnum() or ch in "_$" or ord(ch) > 127:
+                out.append(self.char())
+            else:
+                break
+        return "".join(out)
+
+
+def _module(spec: str) -> str:
+    return spec.removeprefix("node:").split("/", 1)[0]
+
+
+def _scan(tokens: list[Token]) -> list[Finding]:
+    findings: list[Finding] = []
+
+    def at(i: int) -> Token:
+        return tokens[i] if 0 <= i < len(tokens) else Token("eof", "", 0)
+
+    def add(tok: Token, construct: str, detail: str) -> None:
+        findings.append(Finding(construct, detail, tok.line))
+
+    def module_ref(tok: Token, spec: Token, end: Token) -> None:
+        """``require(spec)`` / ``import(spec)``: literal specs are checked, others are flagged."""
+        if spec.kind == "str" and end.value == ")":
+            why = DANGEROUS_MODULES.get(_module(spec.value))
+            if why:
+                add(tok, "import", f"loads {spec.value}: {why}")
+        else:
+            add(tok, "computed-name", f"{tok.value}() loads a module computed at run time")
+
+    for i, tok in enumerate(tokens):
+        prev, nxt = at(i - 1), at(i + 1)
+        member = prev.kind == "punct" and prev.value == "."
+        if tok.kind == "name" and member:
+            if tok.value == "require" and nxt.value == "(":
+                module_ref(tok, at(i + 2), at(i + 3))
+            elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
+                add(tok, "escape", f".{tok.value} reaches past the module system")
+        elif tok.kind == "name":
+            if nxt.value == ":" and prev.value in ("{", ","):
+                continue  # an object key
+            if tok.value == "eval":
+                add(tok, "eval", "eval runs a string as code")
+            elif tok.value == "Function" and (nxt.value == "(" or prev.value == "new"):
+                add(tok, "eval", "Function() builds a function from a string")
+            elif tok.value in ("require", "import") and nxt.value == "(":
+                module_ref(tok, at(i + 2), at(i + 3))
+            elif tok.value == "require" and nxt.value != ".":
+                add(tok, "computed-name", "require is passed around, so what it loads is unknown")
+            elif tok.value in ("from", "import") and nxt.kind == "str":
+                why = DANGEROUS_MODULES.get(_module(nxt.value))
+                if why:
+                    add(tok, "import", f"imports {nxt.value}: {why}")
+            elif tok.value in TIMERS and nxt.value == "(" and at(i + 2).kind == "str":
+                add(tok, "eval", f"{tok.value}() with a string runs it as code")
+            elif tok.value in GLOBAL_OBJECTS and nxt.value == "[":
+                key, close = at(i + 2), at(i + 3)
+                if key.kind != "str" or close.value != "]":
+                    detail = f"{tok.value}[…] looks up a name computed at run time"
+                    add(tok, "computed-name", detail)
+        elif tok.kind == "str" and (prev.value, nxt.value) == ("[", "]") and tok.value in REFLECTED:
+            add(tok, "escape", f"[{tok.value!r}] reaches {tok.value} by name")
+    return findings
+
+
+def analyze(code: str, *, depth: int = 0) -> list[Finding]:
+    """Findings for JavaScript ``code``; code that does not tokenize is one ``unparseable``."""
+    try:
+        tokens = _Tokenizer(code).run()
+    except JSSyntaxError as exc:
+        return [Finding("unparseable", f"JavaScript that does not parse ({exc})", exc.line)]
+    return sorted(set(_scan(tokens)), key=lambda f: (f.line or 0, f.construct, f.detail))

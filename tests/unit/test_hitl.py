@@ -1,0 +1,309 @@
+"""Rules, classification and the gate's decisions, without Docker or a terminal."""
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from harombe.config import parse_config
+from harombe.errors import ApprovalDeniedError, ConfigError
+from harombe.security.approvers import approve_up_to, deny_all
+from harombe.security.hitl import (
+    ApprovalRequest,
+    ApprovalResponse,
+    ApprovalStatus,
+    HITLGate,
+    HITLRule,
+    Operation,
+    RiskClassifier,
+    RiskLevel,
+    gate_from_config,
+)
+from harombe.security.sandbox_risk import get_sandbox_hitl_rules
+from harombe.testing import HANG, ScriptedApprover, capture_events
+
+SID = "sandbox-0123456789ab"
+
+
+def run(code: str, language: str = "python", **extra: Any) -> Operation:
+    return Operation("code_execute", {"language": language, "code": code, "sandbox_id": SID,
+                                      **extra})  # fmt: skip
+
+
+def test_risk_levels_are_ordered() -> None:
+    """LOW < MEDIUM < HIGH < CRITICAL, and names parse in either case."""
+    assert RiskLevel.LOW < RiskLevel.MEDIUM < RiskLevel.HIGH < RiskLevel.CRITICAL
+    assert RiskLevel.parse("critical") is RiskLevel.CRITICAL
+    with pytest.raises(ConfigError, match="low, medium, high, critical"):
+        RiskLevel.parse("severe")
+
+
+def test_guide_custom_rule_example_takes_effect() -> None:
+    """The usage guide's appended crypto rule wins over the default HIGH, with its timeout."""
+    rules = get_sandbox_hitl_rules()
+    rules.append(
+        HITLRule(
+            tools=["code_execute"],
+            risk=RiskLevel.HIGH,
+            conditions=[{"param": "code", "matches": r"(?i)crypto|bitcoin|mining"}],
+            timeout=30,
+            description="Code mentioning cryptocurrency (suspicious)",
+        )
+    )
+    classifier = RiskClassifier(rules=rules)
+    op = run("import json\n\n\n\nstart_Mining()")
+    assert classifier.classify(op) == RiskLevel.HIGH
+    assert classifier.get_timeout(op) == 30
+    crypto = [r for r in classifier.assess(op).reasons if "crypto" in r.rule]
+    assert crypto and crypto[0].line == 5
+    assert classifier.get_timeout(run("print(1)")) == 60
+
+
+def test_highest_risk_wins_over_rule_order() -> None:
+    """A CRITICAL rule appended after a LOW one still decides the level."""
+    rules = [
+        HITLRule(tools=["*"], risk=RiskLevel.LOW, description="anything"),
+        HITLRule(tools=["code_execute"], risk="critical",
+                 conditions=[{"param": "code", "matches": "boom"}], description="boom"),
+    ]  # fmt: skip
+    classifier = RiskClassifier(rules)
+    assert classifier.classify(run("x\nboom")) == RiskLevel.CRITICAL
+    assert classifier.classify(run("fine")) == RiskLevel.LOW
+
+
+@pytest.mark.parametrize(
+    ("condition", "params", "matches"),
+    [
+        ({"param": "registry", "equals": "npm"}, {"registry": "npm"}, True),
+        ({"param": "registry", "equals": "npm"}, {"registry": "pypi"}, False),
+        ({"param": "registry", "in": ["npm", "pypi"]}, {"registry": "pypi"}, True),
+        ({"param": "registry", "not_in": ["npm", "pypi"]}, {"registry": "pypi"}, False),
+        ({"param": "code", "matches": "^rm"}, {"code": "ls\nrm x"}, False),
+        ({"param": "code", "matches": "(?m)^rm"}, {"code": "ls\nrm x"}, True),
+        ({"param": "network_enabled", "equals": True}, {}, False),
+        ({"param": "allowed_domains", "matches": r"\*"}, {"allowed_domains": ["*.x.io"]}, True),
+    ],
+    ids=["equals", "equals-not", "in", "not-in", "anchored", "multiline", "missing", "list"],
+)
+def test_conditions(condition: dict[str, Any], params: dict[str, Any], matches: bool) -> None:
+    """Each condition operator holds exactly when its documented meaning says."""
+    rule = HITLRule(tools=["t"], risk=RiskLevel.HIGH, conditions=[condition])
+    assert (rule.evaluate(Operation("t", params)) is not None) is matches
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tools": "code_execute"}, "list of tool names"),
+        ({"tools": []}, "tools is empty"),
+        ({"risk": "extreme"}, "unknown risk level"),
+        ({"timeout": 0}, "positive number of seconds"),
+        ({"conditions": [{"param": "code"}]}, "exactly one OP"),
+        ({"conditions": [{"param": "code", "matches": "(", "equals": 1}]}, "exactly one OP"),
+        ({"conditions": [{"param": "code", "matches": "("}]}, "bad regular expression"),
+        ({"conditions": [{"param": "code", "contains": "x"}]}, "exactly one OP"),
+        ({"conditions": [{"param": "registry", "in": "npm"}]}, "needs a list"),
+    ],
+    ids=[
+        "tools-str",
+        "tools-empty",
+        "risk",
+        "timeout",
+        "no-op",
+        "two-ops",
+        "regex",
+        "unknown-op",
+        "in-scalar",
+    ],
+)
+def test_bad_rules_are_refused_with_the_fix(kwargs: dict[str, Any], message: str) -> None:
+    """A malformed rule fails when it is made, saying what to write instead."""
+    args: dict[str, Any] = {"tools": ["code_execute"], "risk": RiskLevel.HIGH, **kwargs}
+    with pytest.raises(ConfigError, match=message):
+        HITLRule(**args)
+
+
+def test_unmatched_tools_default_to_high() -> None:
+    """An operation no rule knows is not waved through."""
+    assessment = RiskClassifier([]).assess(Operation("mystery", {}))
+    assert assessment.risk == RiskLevel.HIGH and assessment.require_approval
+    assert "no rule matches" in str(assessment.reasons[0])
+
+
+async def test_low_risk_is_auto_approved_without_asking() -> None:
+    """Destroying a sandbox never reaches the approver while auto_approve_low_risk is on."""
+    approver = ScriptedApprover()
+    decision = await HITLGate(approver=approver).check_approval(
+        Operation("code_destroy_sandbox", {"sandbox_id": SID})
+    )
+    assert decision.status is ApprovalStatus.AUTO_APPROVED and decision.approved
+    assert approver.requests == []
+    gate = HITLGate(approver=approver, auto_approve_low_risk=False)
+    decision = await gate.check_approval(Operation("code_destroy_sandbox", {"sandbox_id": SID}))
+    assert decision.status is ApprovalStatus.DENIED and len(approver.requests) == 1
+
+
+async def test_rule_without_approval_is_auto_approved() -> None:
+    """require_approval=False lets the deciding rule pass without a person."""
+    rules = [HITLRule(tools=["code_read_file"], risk=RiskLevel.MEDIUM, require_approval=False)]
+    decision = await HITLGate(RiskClassifier(rules)).check_approval(
+        Operation("code_read_file", {"sandbox_id": SID})
+    )
+    assert decision.status is ApprovalStatus.AUTO_APPROVED and decision.decided_by == "rule"
+
+
+async def test_silence_times_out_and_denies() -> None:
+    """No answer within the rule's timeout is TIMEOUT, which is a denial."""
+    rules = [HITLRule(tools=["code_execute"], risk=RiskLevel.HIGH, timeout=0.05)]
+    gate = HITLGate(RiskClassifier(rules), approver=ScriptedApprover([HANG]))
+    decision = await gate.check_approval(run("print(1)"))
+    assert decision.status is ApprovalStatus.TIMEOUT and not decision.approved
+    assert "no answer within 0.05 s" in str(decision.error())
+
+
+async def test_blocking_sync_approver_does_not_stall_the_loop() -> None:
+    """A sync approver runs in a worker thread; the loop keeps serving other tasks meanwhile."""
+    loop_thread = threading.get_ident()
+    seen: list[int] = []
+
+    def slow(request: ApprovalRequest) -> bool:
+        seen.append(threading.get_ident())
+        time.sleep(0.2)
+        return True
+
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    decision = await HITLGate(approver=slow).check_approval(run("print(1)"))
+    task.cancel()
+    assert decision.status is ApprovalStatus.APPROVED and decision.decided_by == "slow"
+    assert seen and seen[0] != loop_thread
+    assert ticks >= 5
+
+
+@pytest.mark.parametrize(
+    ("approver", "comment"),
+    [
+        (None, "no approver is configured"),
+        (lambda request: 1 / 0, "the approver failed"),
+        (lambda request: "yes", "return a bool or an ApprovalResponse"),
+        (deny_all, "deny_all approves nothing"),
+    ],
+    ids=["missing", "raises", "bad-answer", "deny-all"],
+)
+async def test_anything_but_a_yes_denies(approver: Any, comment: str) -> None:
+    """Missing, failing, confused and refusing approvers all deny, and say why."""
+    decision = await HITLGate(approver=approver).check_approval(run("print(1)"))
+    assert decision.status is ApprovalStatus.DENIED
+    assert comment in (decision.comment or "")
+    error = decision.error()
+    assert isinstance(error, ApprovalDeniedError) and "risk HIGH" in str(error)
+
+
+async def test_broken_custom_check_denies() -> None:
+    """A custom rule whose check raises denies the operation instead of crashing the call."""
+
+    def check(op: Operation) -> list[str]:
+        raise RuntimeError("bug in my rule")
+
+    gate = HITLGate(RiskClassifier([HITLRule(tools=["*"], risk="low", check=check)]))
+    decision = await gate.check_approval(run("print(1)"))
+    assert decision.status is ApprovalStatus.DENIED and "bug in my rule" in str(decision.error())
+
+
+async def test_approve_up_to_a_level() -> None:
+    """approve_up_to(HIGH) approves ordinary code and denies dangerous code."""
+    gate = HITLGate(approver=approve_up_to("high"))
+    assert (await gate.check_approval(run("print(1)"))).approved
+    denied = await gate.check_approval(run("import os\nos.system('id')"))
+    assert denied.status is ApprovalStatus.DENIED and "CRITICAL is above HIGH" in str(
+        denied.error()
+    )
+
+
+async def test_approve_for_this_sandbox_covers_the_same_rules_only() -> None:
+    """A sandbox-scoped yes answers later calls on the same rules in that sandbox only."""
+    approver = ScriptedApprover([ApprovalResponse(True, scope="sandbox")])
+    gate = HITLGate(approver=approver)
+    first = await gate.check_approval(run("print(1)"))
+    second = await gate.check_approval(run("print(2)"))
+    assert first.status is second.status is ApprovalStatus.APPROVED
+    assert second.decided_by == "sandbox_grant" and len(approver.requests) == 1
+    dangerous = await gate.check_approval(run("eval('1')"))
+    other = await gate.check_approval(
+        Operation("code_execute", {"language": "python", "code": "1", "sandbox_id": "sandbox-x"})
+    )
+    assert dangerous.status is other.status is ApprovalStatus.DENIED
+    assert len(approver.requests) == 3
+    gate.forget_sandbox(SID)
+    assert (await gate.check_approval(run("print(3)"))).status is ApprovalStatus.DENIED
+
+
+async def test_approver_sees_risk_reasons_and_timeout() -> None:
+    """The request carries the operation, its risk, the reasons and the timeout."""
+    approver = ScriptedApprover([True])
+    await HITLGate(approver=approver).check_approval(run("x = 1\nexec('2')"))
+    (request,) = approver.requests
+    assert request.risk == RiskLevel.CRITICAL and request.timeout_s == 30
+    assert any(r.line == 2 and "exec" in str(r) for r in request.reasons)
+    assert request.operation.params["code"].startswith("x = 1")
+
+
+async def test_every_decision_is_one_audit_event() -> None:
+    """hitl.decided names tool, risk, reasons, decision, who decided and the latency."""
+    gate = HITLGate(approver=ScriptedApprover([False]))
+    with capture_events() as events:
+        await gate.check_approval(run("eval('1')"))
+    (event,) = [e for e in events if e["event"] == "hitl.decided"]
+    assert event["tool"] == "code_execute" and event["risk"] == "CRITICAL"
+    assert event["decision"] == "denied" and event["decided_by"] == "scripted"
+    assert event["latency_s"] >= 0 and any("eval" in r for r in event["reasons"])
+    assert "code" not in event
+
+
+def test_yaml_rules_extend_the_defaults() -> None:
+    """hitl.rules in YAML are appended to the guide's rules; enabled: false means no gate."""
+    config = parse_config({"security": {"hitl": {"auto_approve_low_risk": False, "rules": [
+        {"tools": ["code_read_file"], "risk": "critical", "timeout": 5,
+         "conditions": [{"param": "file_path", "matches": r"\.env$"}],
+         "description": "secrets"}]}}})  # fmt: skip
+    gate = gate_from_config(config, approver=deny_all)
+    assert gate is not None and not gate.auto_approve_low_risk and gate.approver is deny_all
+    op = Operation("code_read_file", {"sandbox_id": SID, "file_path": "app/.env"})
+    assert gate.classifier.classify(op) == RiskLevel.CRITICAL
+    assert gate.classifier.get_timeout(op) == 5
+    assert gate.classifier.classify(run("print(1)")) == RiskLevel.HIGH
+    off = parse_config({"security": {"hitl": {"enabled": False}}})
+    assert gate_from_config(off) is None
+
+
+@pytest.mark.parametrize(
+    ("rule", "message"),
+    [
+        ({"tools": ["code_execute"], "risk": "severe"}, "security.hitl.rules.0.risk"),
+        ({"tools": [], "risk": "high"}, "security.hitl.rules.0.tools"),
+        ({"tools": ["x"], "risk": "high", "when": 1}, "unknown key 'security.hitl.rules.0.when'"),
+    ],
+    ids=["risk", "tools", "unknown-key"],
+)
+def test_bad_yaml_rules_name_the_key(rule: dict[str, Any], message: str) -> None:
+    """A bad custom rule in YAML is refused with the path of the bad key."""
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"security": {"hitl": {"rules": [rule]}}})
+
+
+def test_bad_yaml_regex_fails_when_the_gate_is_built() -> None:
+    """A regular expression that does not compile is caught before any call is judged."""
+    config = parse_config({"security": {"hitl": {"rules": [
+        {"tools": ["code_execute"], "risk": "high",
+         "conditions": [{"param": "code", "matches": "("}]}]}}})  # fmt: skip
+    with pytest.raises(ConfigError, match="bad regular expression"):
+        gate_from_config(config)

@@ -1,0 +1,152 @@
+"""The terminal approver, driven through a real pseudo-terminal."""
+
+import asyncio
+import io
+import os
+import pty
+import select
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from harombe.security.approvers import TerminalApprover
+from harombe.security.hitl import (
+    ApprovalStatus,
+    HITLGate,
+    HITLRule,
+    Operation,
+    RiskClassifier,
+    RiskLevel,
+)
+
+CODE = "import os\n\nprint('hi')\nos.system('id')"
+OP = Operation("code_execute", {"language": "python", "code": CODE,
+                                "sandbox_id": "sandbox-0123456789ab"})  # fmt: skip
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, int]]:
+    """(master, slave) of a fresh pty."""
+    master, slave = pty.openpty()
+    yield master, slave
+    os.close(master)
+    os.close(slave)
+
+
+def read_until(fd: int, marker: bytes, timeout_s: float = 20.0) -> bytes:
+    """Bytes from ``fd`` up to and including ``marker`` (fails the test on timeout)."""
+    seen = b""
+    deadline = time.monotonic() + timeout_s
+    while marker not in seen:
+        left_s = deadline - time.monotonic()
+        assert left_s > 0, f"{marker!r} never appeared; got {seen!r}"
+        if not select.select([fd], [], [], min(left_s, 0.2))[0]:
+            continue
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:  # EIO: the other side closed
+            break
+        seen += chunk
+    return seen
+
+
+def approver_on(slave: int, **kwargs: float) -> TerminalApprover:
+    output = os.fdopen(os.dup(slave), "w", encoding="utf-8")
+    return TerminalApprover(input_fd=slave, output=output, **kwargs)
+
+
+async def test_yes_on_the_terminal_approves(terminal: tuple[int, int]) -> None:
+    """The prompt shows tool, risk, reasons and numbered code; typing y approves."""
+    master, slave = terminal
+    gate = HITLGate(approver=approver_on(slave))
+    pending = asyncio.create_task(gate.check_approval(OP))
+    shown = await asyncio.to_thread(read_until, master, b"Approve?")
+    os.write(master, b"y\n")
+    decision = await pending
+    assert decision.status is ApprovalStatus.APPROVED and decision.decided_by == "terminal"
+    text = shown.decode()
+    for expected in ("code_execute", "risk CRITICAL", "line 4: os.system()", "sandbox-0123456789ab",
+                     "1 │ import os", "4 │ os.system('id')", "denied in 30 s"):  # fmt: skip
+        assert expected in text, text
+
+
+async def test_silence_counts_down_then_denies(terminal: tuple[int, int]) -> None:
+    """With no answer the prompt is repeated with less time left, then the call is denied."""
+    master, slave = terminal
+    rules = [HITLRule(tools=["code_execute"], risk=RiskLevel.HIGH, timeout=1.2)]
+    gate = HITLGate(RiskClassifier(rules), approver_on(slave, reminder_every_s=0.5))
+    decision = await gate.check_approval(OP)
+    assert decision.status is ApprovalStatus.TIMEOUT
+    shown = await asyncio.to_thread(read_until, master, b"in time: denied")
+    assert shown.count(b"Approve?") >= 2 and b"no answer in time: denied" in shown
+
+
+async def test_type_ahead_cannot_answer(terminal: tuple[int, int]) -> None:
+    """A y typed before the question is discarded; the answer after it counts."""
+    master, slave = terminal
+    os.write(master, b"y\n")
+    await asyncio.sleep(0.05)
+    gate = HITLGate(approver=approver_on(slave))
+    pending = asyncio.create_task(gate.check_approval(OP))
+    await asyncio.to_thread(read_until, master, b"Approve?")
+    os.write(master, b"\n")  # Enter alone takes the default, No
+    decision = await pending
+    assert decision.status is ApprovalStatus.DENIED and "answered 'no'" in str(decision.error())
+
+
+async def test_no_terminal_denies_at_once() -> None:
+    """When input is not a terminal, nobody can answer: denied without waiting."""
+    read_end, write_end = os.pipe()
+    try:
+        approver = TerminalApprover(input_fd=read_end, output=io.StringIO())
+        decision = await HITLGate(approver=approver).check_approval(OP)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert decision.status is ApprovalStatus.DENIED
+    assert "input is not a tty" in (decision.comment or "")
+
+
+def test_prompt_in_a_separate_process() -> None:
+    """A program using TerminalApprover on its own stdin is answered for its sandbox via a pty."""
+    script = textwrap.dedent(
+        """
+        import asyncio
+import io
+        from harombe.security.approvers import TerminalApprover
+        from harombe.security.hitl import HITLGate, Operation
+
+        async def main():
+            gate = HITLGate(approver=TerminalApprover())
+            op = Operation("code_execute", {"language": "shell", "code": "ls\\ncurl x | sh",
+                                            "sandbox_id": "sandbox-aaaaaaaaaaaa"})
+            decision = await gate.check_approval(op)
+            again = await gate.check_approval(op)
+            print(f"RESULT {decision.status.value} {decision.scope} {again.decided_by}")
+
+        asyncio.run(main())
+        """
+    )
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=slave, stdout=slave, stderr=slave,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        shown = read_until(master, b"Approve?")
+        assert b"risk CRITICAL" in shown and b"downloads code and pipes it into sh" in shown
+        assert "2 │ curl x | sh".encode() in shown
+        os.write(master, b"sandbox\n")
+        rest = read_until(master, b"RESULT")
+        rest += read_until(master, b"_grant")
+        assert process.wait(timeout=20) == 0
+    finally:
+        process.kill()
+        os.close(master)
+    assert b"approved for this sandbox" in rest
+    assert b"RESULT approved sandbox sandbox_grant" in rest
