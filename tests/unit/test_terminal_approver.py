@@ -116,7 +116,6 @@ def test_prompt_in_a_separate_process() -> None:
     script = textwrap.dedent(
         """
         import asyncio
-import io
         from harombe.security.approvers import TerminalApprover
         from harombe.security.hitl import HITLGate, Operation
 

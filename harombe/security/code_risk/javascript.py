@@ -28,6 +28,10 @@ _REGEX_AFTER_WORDS = {"return", "typeof", "instanceof", "in", "of", "new", "dele
                       "throw", "case", "do", "else", "yield", "await"}  # fmt: skip
 _PUNCT = ("?.", "...", "=>", "(", ")", "[", "]", "{", "}", ".", ",", ";", ":", "?", "=", "+", "-",
           "*", "%", "!", "~", "<", ">", "&", "|", "^", "/")  # fmt: skip
+_PUNCT_RE = re.compile("|".join(re.escape(p) for p in _PUNCT))
+_SPACE = re.compile(r"\s+")
+_ASCII_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
+_NUMBER = re.compile(r"[0-9A-Za-z_.]+")
 _SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
 
 
@@ -102,7 +106,10 @@ class _Tokenizer:
             ch = self.src[self.i]
             line = self.line
             if ch.isspace():
-                self.char()
+                match = _SPACE.match(self.src, self.i)
+                assert match is not None
+                self.line += match.group().count("\n")
+                self.i = match.end()
             elif self.src.startswith("//", self.i):
                 end = self.src.find("\n", self.i)
                 self.i = len(self.src) if end < 0 else end
@@ -126,14 +133,23 @@ class _Tokenizer:
                 self.char()
                 self.regex(line)
             elif ch.isalpha() or ch in "_$\\" or ord(ch) > 127:
-                self.tokens.append(Token("name", self.name(), line))
+                match = _ASCII_NAME.match(self.src, self.i)
+                end = match.end() if match else self.i
+                if match and not (
+                    end < len(self.src) and (self.src[end] == "\\" or ord(self.src[end]) > 127)
+                ):
+                    self.i = end
+                    self.tokens.append(Token("name", match.group(), line))
+                else:
+                    self.tokens.append(Token("name", self.name(), line))
             elif ch.isdigit():
-                match = re.match(r"[0-9A-Za-z_.]+", self.src[self.i :])
+                match = _NUMBER.match(self.src, self.i)
                 assert match is not None
                 self.i += len(match.group())
                 self.tokens.append(Token("num", match.group(), line))
             else:
-                punct = next((p for p in _PUNCT if self.src.startswith(p, self.i)), ch)
+                found = _PUNCT_RE.match(self.src, self.i)
+                punct = found.group() if found else ch
                 self.i += len(punct)
                 if punct == "{":
                     self.braces.append("{")
@@ -233,6 +249,8 @@ def _scan(tokens: list[Token]) -> list[Finding]:
         if tok.kind == "name" and member:
             if tok.value == "require" and nxt.value == "(":
                 module_ref(tok, at(i + 2), at(i + 3))
+            elif tok.value in ("eval", "Function") and at(i - 2).value in GLOBAL_OBJECTS:
+                add(tok, "eval", f"{at(i - 2).value}.{tok.value} runs a string as code")
             elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
                 add(tok, "escape", f".{tok.value} reaches past the module system")
         elif tok.kind == "name":

@@ -93,7 +93,10 @@ def _const_str(node: ast.AST | None) -> str | None:
     return None
 
 
-class _Analyzer(ast.NodeVisitor):
+_BINDING_NODES = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.NamedExpr)
+
+
+class _Analyzer:
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
         self.findings: list[Finding] = []
@@ -135,10 +138,11 @@ class _Analyzer(ast.NodeVisitor):
                 return f"{base}.{attr}" if base and attr else None
         return None
 
-    def collect_aliases(self, tree: ast.AST) -> None:
+    def collect_aliases(self, nodes: list[ast.AST]) -> None:
+        binding = [n for n in nodes if isinstance(n, _BINDING_NODES)]
         # Two passes make aliases of aliases (o = os; s = o.system) resolve, in any order.
         for _ in range(2):
-            for node in ast.walk(tree):
+            for node in binding:
                 if isinstance(node, ast.Import):
                     for alias in node.names:
                         if alias.asname:
@@ -199,7 +203,6 @@ class _Analyzer(ast.NodeVisitor):
         # only when the danger starts here, so one use is one finding.
         if why and (base := self.qualname(node.value)) and _describe(base) is None:
             self.report(node, "call", why)
-        self.generic_visit(node)
 
     def visit_Subscript(self, node: ast.Subscript) -> None:
         value = node.value
@@ -211,11 +214,21 @@ class _Analyzer(ast.NodeVisitor):
         )  # fmt: skip
         if is_namespace:
             key = _const_str(node.slice)
+            module = self._namespace_module(value)
             if key is None:
                 self.report(node, "computed-name", "looks up a name computed at run time")
             elif key in DYNAMIC_BUILTINS or key in ESCAPE_ATTRIBUTES or _describe(key):
                 self.report(node, "escape", f"looks up {key!r} by name")
-        self.generic_visit(node)
+            elif module and (why := _describe(f"{module}.{key}")):
+                self.report(node, "call", why)
+
+    def _namespace_module(self, value: ast.AST) -> str | None:
+        """The module whose namespace ``vars(m)`` / ``m.__dict__`` is, if known."""
+        if isinstance(value, ast.Attribute) and value.attr == "__dict__":
+            return self.qualname(value.value)
+        if isinstance(value, ast.Call) and value.args and isinstance(value.func, ast.Name):
+            return self.qualname(value.args[0]) if value.func.id == "vars" else None
+        return None
 
     def visit_Call(self, node: ast.Call) -> None:
         func = self.qualname(node.func)
@@ -245,7 +258,6 @@ class _Analyzer(ast.NodeVisitor):
             path = _const_str(node.args[0])
             if path is not None and _is_system_path(path):
                 self.report(node, "delete", f"shutil.rmtree() deletes {path!r}")
-        self.generic_visit(node)
 
     def _check_open(self, node: ast.Call) -> None:
         path = _const_str(node.args[0])
@@ -286,8 +298,20 @@ def analyze(code: str, *, depth: int = 0) -> list[Finding]:
         message = getattr(exc, "msg", None) or str(exc)
         return [Finding("unparseable", f"Python that does not parse ({message})", line)]
     analyzer = _Analyzer()
-    analyzer.collect_aliases(tree)
-    analyzer.visit(tree)
+    nodes = list(ast.walk(tree))
+    analyzer.collect_aliases(nodes)
+    visitors = {
+        ast.Import: analyzer.visit_Import,
+        ast.ImportFrom: analyzer.visit_ImportFrom,
+        ast.Name: analyzer.visit_Name,
+        ast.Attribute: analyzer.visit_Attribute,
+        ast.Subscript: analyzer.visit_Subscript,
+        ast.Call: analyzer.visit_Call,
+    }
+    for node in nodes:
+        visit = visitors.get(type(node))
+        if visit is not None:
+            visit(node)  # type: ignore[operator]
     return _dedupe(analyzer.findings)
 
 

@@ -18,6 +18,10 @@ _ANSI_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "a": "\a", "b": "\b", "e": "\x
                  "f": "\f", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
 
 
+_HEX = {width: re.compile(rf"[0-9a-fA-F]{{1,{width}}}") for width in (2, 4, 8)}
+_OCTAL = re.compile(r"[0-7]{0,2}")
+
+
 class ShellSyntaxError(ValueError):
     def __init__(self, message: str, line: int) -> None:
         super().__init__(message)
@@ -137,12 +141,12 @@ class _Lexer:
                 out.append(_ANSI_ESCAPES[esc])
             elif esc in "xuU":
                 width = {"x": 2, "u": 4, "U": 8}[esc]
-                digits = re.match(rf"[0-9a-fA-F]{{1,{width}}}", self.src[self.i :])
+                digits = _HEX[width].match(self.src, self.i)
                 if digits:
                     self.i += len(digits.group())
                     out.append(chr(int(digits.group(), 16)))
             elif esc.isdigit():
-                digits = re.match(r"[0-7]{0,2}", self.src[self.i :])
+                digits = _OCTAL.match(self.src, self.i)
                 assert digits is not None
                 self.i += len(digits.group())
                 out.append(chr(int(esc + digits.group(), 8) & 0xFF))
