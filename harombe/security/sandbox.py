@@ -87,9 +87,11 @@ def container_spec(
         "command": ["python3", "-I", "-S", "-c", SUPERVISOR_SOURCE],
         "name": f"harombe-{sandbox_id}",
         "hostname": "sandbox",
-        "user": config.user,
+        # The supervisor is root with three capabilities so that user code, which it runs as
+        # ``config.user`` with none, cannot signal, trace or impersonate it.
+        "user": "0:0",
         "working_dir": WORKSPACE,
-        "environment": {"LANG": "C.UTF-8"},
+        "environment": {"LANG": "C.UTF-8", "HAROMBE_RUN_AS": config.user},
         "labels": {
             LABEL_MANAGED: "1",
             LABEL_SANDBOX: sandbox_id,
@@ -110,6 +112,7 @@ def container_spec(
         "nano_cpus": int(limits.max_cpu_cores * 1e9),
         "pids_limit": limits.max_pids * HOST_PIDS_PER_GUEST_PID + HOST_PIDS_BASE,
         "cap_drop": ["ALL"],
+        "cap_add": ["SETUID", "SETGID", "KILL"],
         "security_opt": ["no-new-privileges:true"],
         "ipc_mode": "private",
         "stdin_open": True,

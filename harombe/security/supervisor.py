@@ -11,11 +11,14 @@ max_output_bytes, max_memory_mb, stream), ``cancel``, ``write``, ``read``, ``lis
 ``ping``. Replies: ``hello`` once at start, ``out`` chunks for streaming runs, ``done`` for runs
 and ``result`` for everything else, each carrying the request ``id``.
 
-Why PID 1: the kernel (and gVisor) never delivers a signal to a namespace's init unless init
-installed a handler, so ``kill -9 -1`` or ``os.kill(1, 9)`` in user code cannot take the channel
-down; ``PR_SET_DUMPABLE=0`` stops same-uid processes from ptracing it or opening its fds.
-User code runs in its own session; when a run ends every other process in the sandbox is killed,
-so nothing a call starts outlives the call.
+Privilege separation: the supervisor runs as root with only CAP_SETUID, CAP_SETGID and
+CAP_KILL; user code runs as ``$HAROMBE_RUN_AS`` (uid:gid, default 1000:1000) with no
+capabilities, and file operations run with that effective uid, so what they create belongs to the
+user. A different uid cannot signal, ptrace or open the fds of the supervisor, so
+``os.kill(1, 9)`` or ``kill -9 -1`` in user code cannot take the channel down (this gVisor release
+delivers signals to PID 1 like to any process, so being init protects nothing by itself).
+``PR_SET_DUMPABLE=0`` is kept as a second lock. User code runs in its own session; when a run
+ends every other process in the sandbox is killed, so nothing a call starts outlives the call.
 """
 
 import json
@@ -44,6 +47,42 @@ class Refused(Exception):
     def __init__(self, kind, message):
         super().__init__(message)
         self.kind = kind
+
+
+def run_as():
+    """(uid, gid) for user code, or None when we are not root and so cannot switch."""
+    spec = os.environ.get("HAROMBE_RUN_AS", "")
+    if not spec or os.getuid() != 0:
+        return None
+    uid, _, gid = spec.partition(":")
+    return int(uid), int(gid or uid)
+
+
+RUN_AS = run_as()
+
+
+class AsUser:
+    """File operations with the user's effective ids: files they create belong to the user,
+    and the kernel's permission checks are the user's, not root's."""
+
+    def __enter__(self):
+        if RUN_AS:
+            os.setegid(RUN_AS[1])
+            os.seteuid(RUN_AS[0])
+
+    def __exit__(self, *exc):
+        if RUN_AS:
+            os.seteuid(0)
+            os.setegid(0)
+
+
+def drop_privileges():
+    """In a child about to exec user code: become the user for good, capabilities gone."""
+    if RUN_AS:
+        uid, gid = RUN_AS
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
 
 
 def send(msg, blob=b""):
@@ -162,7 +201,10 @@ class Run:
                         f.write("1000")
                 except OSError:
                     pass
-                resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+                drop_privileges()
+                # gVisor (release 20221219) admits one process past RLIMIT_NPROC: ask for one
+                # fewer so user code gets at most max_pids processes and threads in all.
+                resource.setrlimit(resource.RLIMIT_NPROC, (nproc - 1, nproc - 1))
                 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
                 os.dup2(in_r, 0)
                 os.dup2(out_w, 1)
@@ -404,6 +446,7 @@ def hello():
         "protocol": PROTOCOL,
         "pid": os.getpid(),
         "uid": os.getuid(),
+        "run_as": list(RUN_AS) if RUN_AS else None,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "libc": [libc, libc_version],
@@ -502,7 +545,8 @@ def handle(msg, blob, run, sel):
         send({"op": "result", "id": rid, "ok": False, "error": "UnknownOp", "message": repr(op)})
         return run
     try:
-        reply, data = fn(msg, blob)
+        with AsUser():
+            reply, data = fn(msg, blob)
         reply.update({"op": "result", "id": rid, "ok": True})
         send(reply, data)
     except Refused as exc:

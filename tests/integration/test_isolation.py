@@ -24,13 +24,15 @@ async def test_container_is_configured_with_every_default(
     assert host["Runtime"] == "runsc"
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
-    assert host["CapDrop"] == ["ALL"] and not host.get("CapAdd")
+    assert host["CapDrop"] == ["ALL"]
     assert "no-new-privileges:true" in host["SecurityOpt"]
     assert host["Memory"] == host["MemorySwap"] > 0
     assert host["NanoCpus"] == int(limits.max_cpu_cores * 1e9)
     assert host["Tmpfs"]["/workspace"].startswith(f"size={limits.max_disk_mb}m")
     assert not host.get("Binds") and not attrs["Mounts"]
-    assert attrs["Config"]["User"] == "1000:1000"
+    assert attrs["Config"]["User"] == "0:0"  # the supervisor; user code runs as 1000
+    assert "HAROMBE_RUN_AS=1000:1000" in attrs["Config"]["Env"]
+    assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]
     assert attrs["Config"]["Labels"]["harombe.sandbox"] == sandbox_id
 
 
@@ -114,3 +116,45 @@ async def test_opted_in_runtime_is_named_in_every_result(docker_manager: DockerM
         assert result["runtime"] == "runc" and result["stdout"] == "hi\n"
     finally:
         await manager.stop()
+
+
+async def test_user_code_cannot_take_the_supervisor_down(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """Killing, tracing or opening the fds of PID 1 fails; the same sandbox answers next."""
+    hostile = [
+        ("python", "import os\ntry:\n    os.kill(1, 9)\nexcept OSError as e:\n    print(e.errno)"),
+        ("shell", "kill -9 1; echo kill1=$?\nkill -9 -1; echo survived"),
+        (
+            "shell",
+            "(echo forged > /proc/1/fd/1 || cat /proc/1/fd/0) 2>/dev/null || echo fds-closed",
+        ),
+        ("python", "import ctypes\nprint(ctypes.CDLL(None).ptrace(16, 1, 0, 0))"),  # ATTACH
+    ]
+    outputs = []
+    for language, code in hostile:
+        result = await tools.code_execute(language=language, code=code, sandbox_id=fresh_sandbox)
+        assert result["sandbox_id"] == fresh_sandbox and result["status"] != "lost", result
+        outputs.append(result["stdout"])
+    assert outputs[0].strip() == "1"  # EPERM
+    assert "kill1=1" in outputs[1]  # kill -9 -1 kills the shell itself, not PID 1
+    assert outputs[2].strip() == "fds-closed"
+    assert outputs[3].strip() == "-1"
+    after = await tools.code_execute(
+        language="python", code="print('alive')", sandbox_id=fresh_sandbox
+    )
+    assert after["stdout"] == "alive\n" and after["sandbox_id"] == fresh_sandbox
+
+
+async def test_files_written_by_the_tools_belong_to_the_user(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A file written through code_write_file is the user's: code can change and delete it."""
+    written = await tools.code_write_file(fresh_sandbox, "sub/dir/f.txt", "x")
+    assert written["success"], written
+    result = await tools.code_execute(
+        language="shell",
+        code="stat -c '%u:%g' sub/dir/f.txt sub\necho y >> sub/dir/f.txt && rm -r sub && echo ok",
+        sandbox_id=fresh_sandbox,
+    )
+    assert result["stdout"].split() == ["1000:1000", "1000:1000", "ok"], result

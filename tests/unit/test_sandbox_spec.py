@@ -37,15 +37,15 @@ def _spec(**limits: object) -> dict:
 
 
 def test_spec_carries_every_isolation_default() -> None:
-    """runsc, no network, read-only root, no caps, no-new-privileges, non-root, limits."""
+    """runsc, no network, read-only root, three caps for the supervisor only, user code as 1000."""
     spec = _spec(max_memory_mb=512, max_cpu_cores=0.5, max_disk_mb=1024, max_pids=64)
     assert spec["runtime"] == "runsc"
     assert spec["network_mode"] == "none"
     assert spec["read_only"] is True
     assert spec["cap_drop"] == ["ALL"]
-    assert "cap_add" not in spec
+    assert sorted(spec["cap_add"]) == ["KILL", "SETGID", "SETUID"]
     assert spec["security_opt"] == ["no-new-privileges:true"]
-    assert spec["user"] == "1000:1000"
+    assert spec["user"] == "0:0" and spec["environment"]["HAROMBE_RUN_AS"] == "1000:1000"
     assert spec["nano_cpus"] == 500_000_000
     assert spec["pids_limit"] > 64  # host side: gVisor's own threads count there too
     assert spec["mem_limit"] == spec["memswap_limit"]  # no swap
