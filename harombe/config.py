@@ -74,6 +74,9 @@ class SandboxConfig(_Strict):
     # Opting out of gVisor must be explicit; results then say which runtime ran the code.
     allow_insecure_runtime: bool = False
     user: str = "1000:1000"
+    # Python and JavaScript keep variables, imports and functions between calls on a sandbox
+    # (one live interpreter); False, or code_execute(fresh=True), runs a new process instead.
+    stateful: bool = True
     limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     languages: dict[Language, LanguageConfig] = Field(default_factory=_default_languages)

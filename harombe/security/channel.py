@@ -25,6 +25,8 @@ log = structlog.get_logger(__name__)
 
 HEADER = struct.Struct(">II")
 STDERR_TAIL_BYTES = 4096
+# How long a cancelled run may take to stop (SIGTERM or SIGINT, then SIGKILL after the grace).
+CANCEL_WAIT_S = 10.0
 OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
 Reply = tuple[dict[str, Any], bytes]
 
@@ -112,12 +114,21 @@ class Channel:
             self._streams[rid] = on_output
         try:
             await self._stdio.write(encode({**msg, "id": rid}, blob))
-            return await asyncio.wait_for(future, timeout_s)
+            # shield: if the caller is cancelled, the reply must still be awaitable below.
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
             self._fail(
                 f"sandbox {self._sandbox_id} stopped answering (no reply in {timeout_s:.0f}s)"
             )
             raise SandboxLostError(self._lost or "sandbox stopped answering") from None
+        except asyncio.CancelledError:
+            # The caller gave up: stop the run too, and wait (briefly) until it has stopped, so
+            # the sandbox is idle again when the caller's lock is released.
+            if msg.get("op") == "run" and not self._lost:
+                with contextlib.suppress(Exception):
+                    await self._stdio.write(encode({"op": "cancel", "target": rid, "id": 0}))
+                    await asyncio.wait_for(asyncio.shield(future), CANCEL_WAIT_S)
+            raise
         finally:
             self._pending.pop(rid, None)
             self._streams.pop(rid, None)

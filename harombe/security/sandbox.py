@@ -31,7 +31,16 @@ OVERHEAD_MB = 192
 # host-side limit is roomy, and ``max_pids`` is enforced on user code as RLIMIT_NPROC inside.
 HOST_PIDS_PER_GUEST_PID = 24
 HOST_PIDS_BASE = 1024
-SUPERVISOR_SOURCE = (Path(__file__).parent / "supervisor.py").read_text(encoding="utf-8")
+_HERE = Path(__file__).parent
+# One program, two files: the session support is read first so its classes exist when the
+# supervisor's main() (at the end of supervisor.py) starts serving.
+SUPERVISOR_SOURCE = "\n\n".join(
+    (_HERE / name).read_text(encoding="utf-8")
+    for name in ("supervisor_sessions.py", "supervisor.py")
+)
+JS_WORKER_SOURCE = (_HERE / "jsworker.js").read_text(encoding="utf-8")
+#: Languages whose runs keep state between calls unless asked for a fresh process.
+SESSION_LANGUAGES = ("python", "javascript")
 
 RUN_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -167,6 +176,9 @@ class ExecutionResult:
     timeout_s: float = 0.0
     replaced_sandbox_id: str | None = None
     warnings: list[str] = field(default_factory=list)
+    result: str | None = None  # repr of the final bare expression (stateful runs)
+    state_lost: bool = False  # the session interpreter had to be killed; next call starts afresh
+    stateful: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -33,10 +33,12 @@ from harombe.security.docker_manager import DockerManager
 from harombe.security.files import FileOps
 from harombe.security.sandbox import (
     HOME,
+    JS_WORKER_SOURCE,
     LABEL_MANAGED,
     LABEL_MANAGER,
     LABEL_OWNER,
     RUN_ENV,
+    SESSION_LANGUAGES,
     ExecutionResult,
     Sandbox,
     argv_for,
@@ -278,8 +280,14 @@ class SandboxManager(FileOps):
         language: Language | None = None,
         timeout_s: float | None = None,
         on_output: OutputCallback | None = None,
+        fresh: bool | None = None,
     ) -> ExecutionResult:
-        """Run ``code`` in the sandbox. Failures of the code are in the result, not raised."""
+        """Run ``code`` in the sandbox. Failures of the code are in the result, not raised.
+
+        Python and JavaScript run in the sandbox's session interpreter (state kept between
+        calls, ``result`` holds the final expression's repr) unless ``fresh`` is true or the
+        config says ``stateful: false``; shell always runs a fresh ``bash``.
+        """
         box = self.get(sandbox_id)
         lang: Language = language or box.language
         if lang not in LANGUAGES:
@@ -291,16 +299,19 @@ class SandboxManager(FileOps):
                 f"{interpreter}; create a sandbox for {lang} instead"
             )
         timeout, warnings = self.effective_timeout(timeout_s)
+        stateful = self.sandbox_config.stateful if fresh is None else not fresh
+        session = stateful and lang in SESSION_LANGUAGES
         argv, stdin = argv_for(lang, code)
         async with box.lock:
             return await self._run(
                 box,
                 argv,
-                stdin,
+                code.encode("utf-8", "surrogateescape") if session else stdin,
                 language=lang,
                 timeout_s=timeout,
                 on_output=on_output,
                 warnings=warnings,
+                session=session,
             )
 
     async def _run(
@@ -314,9 +325,10 @@ class SandboxManager(FileOps):
         on_output: OutputCallback | None = None,
         warnings: list[str] | None = None,
         extra_env: dict[str, str] | None = None,
+        session: bool = False,
     ) -> ExecutionResult:
         limits = self.limits
-        msg = {
+        msg: dict[str, Any] = {
             "op": "run",
             "argv": argv,
             "env": {**RUN_ENV, **(extra_env or {})},
@@ -330,6 +342,10 @@ class SandboxManager(FileOps):
             "memory_probe": "meminfo" if box.runtime in GVISOR_RUNTIMES else "rss",
             "stream": on_output is not None,
         }
+        if session:
+            msg.update(session=True, language=language)
+            if language == "javascript":
+                msg["worker_source"] = JS_WORKER_SOURCE
         started = time.perf_counter()
         box.runs += 1
         try:
@@ -382,6 +398,9 @@ class SandboxManager(FileOps):
             peak_memory_mb=float(reply.get("peak_memory_mb", 0.0)),
             timeout_s=timeout_s,
             warnings=list(warnings or []),
+            result=reply.get("result"),
+            state_lost=bool(reply.get("state_lost")),
+            stateful=bool(reply.get("session")),
         )
 
     async def _lost(

@@ -30,7 +30,6 @@ import signal
 import stat
 import struct
 import sys
-import tarfile
 import time
 
 HEADER = struct.Struct(">II")
@@ -38,6 +37,7 @@ PROTOCOL = 1
 CHUNK = 65536
 POLL_S = 0.05
 DRAIN_S = 5.0
+FIRST_MEMORY_CHECK_S = 0.02
 TRUNCATED = b"\n[OUTPUT TRUNCATED]\n"
 
 
@@ -99,15 +99,20 @@ def send(msg, blob=b""):
         view = view[n:]
 
 
-def harden():
-    """Make this process untraceable by same-uid user code (no ptrace, no /proc/1/fd)."""
+def set_dumpable(value):
+    """PR_SET_DUMPABLE: 0 makes a process untraceable and its /proc entries root's."""
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+        libc.prctl(4, value, 0, 0, 0)
     except Exception as exc:  # pragma: no cover - logged for the host, never fatal
         sys.stderr.write("harombe-supervisor: prctl failed: %r\n" % (exc,))
+
+
+def harden():
+    """Make this process untraceable (no ptrace, no /proc/1/fd) even by same-uid code."""
+    set_dumpable(0)
 
 
 def rss_bytes_of_others():
@@ -143,12 +148,78 @@ def sandbox_anon_bytes():
 MEMORY_PROBES = {"meminfo": sandbox_anon_bytes, "rss": rss_bytes_of_others}
 
 
-def kill_all_others(sig=signal.SIGKILL):
-    """Signal every process in the sandbox except PID 1 (ourselves)."""
-    try:
-        os.kill(-1, sig)
-    except ProcessLookupError:
+#: Session interpreters (see supervisor_sessions.py): spared by the sweeps that end a call.
+PROTECTED = set()
+
+
+def kill_all_others(sig=signal.SIGKILL, spare_sessions=True):
+    """Signal every process in the sandbox except PID 1 (ourselves) and, unless told
+    otherwise, the session interpreters. Returns whether any process was signalled."""
+    if not (spare_sessions and PROTECTED):
+        try:
+            os.kill(-1, sig)
+            return True
+        except ProcessLookupError:
+            return False
+    found = False
+    for name in os.listdir("/proc"):
+        if name.isdigit() and name != "1" and int(name) not in PROTECTED:
+            try:
+                os.kill(int(name), sig)
+                found = True
+            except (ProcessLookupError, PermissionError):
+                pass
+    return found
+
+
+def child_setup(nproc):
+    """In a freshly forked child that will run user code: own session, default signals, the
+    OOM killer's first choice, the user's ids, and its process limit."""
+    os.setsid()
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    try:  # make user code the OOM killer's first choice, never the supervisor
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
         pass
+    drop_privileges()
+    # gVisor (release 20221219) admits one process past RLIMIT_NPROC: ask for one fewer so
+    # user code gets at most max_pids processes and threads in all.
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc - 1, nproc - 1))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+class Output:
+    """The captured stdout/stderr of one run: capped in bytes, streamed if asked."""
+
+    def __init__(self, rid, cap, stream):
+        self.rid = rid
+        self.cap = cap
+        self.stream = stream
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.total = {"stdout": 0, "stderr": 0}
+
+    def feed(self, name, data):
+        self.total[name] += len(data)
+        buf = self.out[name]
+        room = self.cap - len(buf)
+        if room > 0:  # beyond the cap the bytes are read and dropped: memory stays bounded
+            kept = data[:room]
+            buf += kept
+            if self.stream:
+                send({"op": "out", "id": self.rid, "stream": name}, bytes(kept))
+
+    def fields(self):
+        out, err = bytes(self.out["stdout"]), bytes(self.out["stderr"])
+        return {
+            "stdout_len": len(out),
+            "stderr_len": len(err),
+            "stdout_total": self.total["stdout"],
+            "stderr_total": self.total["stderr"],
+        }, out + err
 
 
 class Run:
@@ -157,8 +228,7 @@ class Run:
     def __init__(self, rid, msg, stdin_data, sel):
         self.rid = rid
         self.sel = sel
-        self.stream = bool(msg.get("stream"))
-        self.cap = int(msg["max_output_bytes"])
+        self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
         self.max_rss = int(msg["max_memory_mb"]) * 1048576
         self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
         self.grace_s = float(msg.get("grace_s", 2.0))
@@ -170,9 +240,8 @@ class Run:
         self.term_signal = None
         self.cpu_s = 0.0
         self.peak_rss = 0
-        self.next_mem_check = 0.0
-        self.out = {"stdout": bytearray(), "stderr": bytearray()}
-        self.total = {"stdout": 0, "stderr": 0}
+        # /proc/meminfo costs most of a millisecond here; short runs never need it.
+        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
         self.open_streams = set()
         self.stdin_view = memoryview(stdin_data)
         self.stdin_fd = None
@@ -191,21 +260,7 @@ class Run:
         pid = os.fork()
         if pid == 0:  # child: never returns
             try:
-                os.setsid()
-                for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM):
-                    signal.signal(sig, signal.SIG_DFL)
-                signal.set_wakeup_fd(-1)
-                signal.pthread_sigmask(signal.SIG_SETMASK, [])
-                try:  # make user code the OOM killer's first choice, never the supervisor
-                    with open("/proc/self/oom_score_adj", "w") as f:
-                        f.write("1000")
-                except OSError:
-                    pass
-                drop_privileges()
-                # gVisor (release 20221219) admits one process past RLIMIT_NPROC: ask for one
-                # fewer so user code gets at most max_pids processes and threads in all.
-                resource.setrlimit(resource.RLIMIT_NPROC, (nproc - 1, nproc - 1))
-                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                child_setup(nproc)
                 os.dup2(in_r, 0)
                 os.dup2(out_w, 1)
                 os.dup2(err_w, 2)
@@ -272,14 +327,7 @@ class Run:
             os.close(fd)
             self.open_streams.discard(fd)
             return
-        self.total[name] += len(data)
-        buf = self.out[name]
-        room = self.cap - len(buf)
-        if room > 0:  # beyond the cap the bytes are read and dropped: memory stays bounded
-            kept = data[:room]
-            buf += kept
-            if self.stream:
-                send({"op": "out", "id": self.rid, "stream": name}, bytes(kept))
+        self.output.feed(name, data)
 
     def stop(self, status, now):
         """Begin stopping: SIGTERM the session now, SIGKILL everything after the grace."""
@@ -336,22 +384,19 @@ class Run:
         status = self.status
         if status is None:
             status = "ok" if self.exit_code == 0 else "error"
-        out, err = bytes(self.out["stdout"]), bytes(self.out["stderr"])
+        fields, blob = self.output.fields()
         msg = {
             "op": "done",
             "id": self.rid,
             "status": status,
             "exit_code": self.exit_code,
             "signal": self.term_signal,
-            "stdout_len": len(out),
-            "stderr_len": len(err),
-            "stdout_total": self.total["stdout"],
-            "stderr_total": self.total["stderr"],
+            **fields,
             "duration_s": round(time.monotonic() - self.started, 6),
             "cpu_s": round(self.cpu_s, 6),
             "peak_memory_mb": round(self.peak_rss / 1048576, 2),
         }
-        send(msg, out + err)
+        send(msg, blob)
 
 
 def resolve(root, rel):
@@ -418,7 +463,16 @@ def op_untar(msg, blob):
 
     root = msg["root"]
     os.makedirs(root, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+    import tarfile  # only package installs need it; importing it costs start-up time
+
+    try:
+        return _untar(tarfile.open(fileobj=io.BytesIO(blob), mode="r:*"), root)
+    except tarfile.TarError as exc:
+        raise Refused("TarError", str(exc)) from None
+
+
+def _untar(tar, root):
+    with tar:
         members = tar.getmembers()
         for m in members:
             target = os.path.normpath(os.path.join(root, m.name))
@@ -467,6 +521,7 @@ def main():
     sel.register(wake_r, selectors.EVENT_READ, "wake")
     inbox = bytearray()
     run = None
+    workers = {}  # language -> Worker (supervisor_sessions.py)
     send(hello())
     while True:
         events = sel.select(POLL_S if run else None)
@@ -482,7 +537,7 @@ def main():
                 except BlockingIOError:
                     continue
                 if not data:  # the host hung up: nothing left to serve
-                    kill_all_others()
+                    kill_all_others(spare_sessions=False)
                     return
                 inbox += data
             else:
@@ -495,7 +550,7 @@ def main():
             msg = json.loads(bytes(inbox[HEADER.size : HEADER.size + jlen]))
             blob = bytes(inbox[HEADER.size + jlen : HEADER.size + jlen + blen])
             del inbox[: HEADER.size + jlen + blen]
-            run = handle(msg, blob, run, sel)
+            run = handle(msg, blob, run, sel, workers)
         # Reap every exited process (we are init: orphans land here too).
         while True:
             try:
@@ -504,7 +559,11 @@ def main():
                 break
             if pid == 0:
                 break
-            if run is not None and pid == run.pid:
+            worker = next((w for w in workers.values() if w.pid == pid), None)
+            if worker is not None:
+                worker.died(status)
+                del workers[worker.language]
+            elif run is not None and pid == run.pid:
                 run.reaped(status, rusage)
         if run is not None:
             run.tick(time.monotonic())
@@ -513,7 +572,7 @@ def main():
                 run = None
 
 
-def handle(msg, blob, run, sel):
+def handle(msg, blob, run, sel, workers):
     op, rid = msg.get("op"), msg.get("id")
     if op == "run":
         if run is not None:
@@ -528,6 +587,11 @@ def handle(msg, blob, run, sel):
             )
             return run
         try:
+            if msg.get("session") and msg.get("language") in SESSION_LANGUAGES:
+                worker = workers.get(msg["language"])
+                if worker is None:
+                    worker = workers[msg["language"]] = Worker(msg, sel)
+                return SessionRun(rid, msg, blob, worker)
             return Run(rid, msg, blob, sel)
         except Refused as exc:
             send({"op": "result", "id": rid, "ok": False, "error": exc.kind, "message": str(exc)})
@@ -561,7 +625,7 @@ def handle(msg, blob, run, sel):
                 "message": "%s: %s" % (msg.get("path"), exc.strerror),
             }
         )
-    except (tarfile.TarError, ValueError) as exc:
+    except ValueError as exc:
         send(
             {
                 "op": "result",

@@ -13,8 +13,9 @@ decision under ``approval``.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -23,6 +24,7 @@ from harombe.errors import HarombeError, UsageError
 from harombe.security.channel import OutputCallback
 from harombe.security.hitl import ApprovalDecision, HITLGate, Operation
 from harombe.security.sandbox_manager import SandboxManager
+from harombe.security.streaming import OutputChunk, iterate
 
 log = structlog.get_logger(__name__)
 
@@ -96,9 +98,14 @@ class CodeExecutionTools:
         network_enabled: bool = False,
         allowed_domains: Sequence[str] | None = None,
         *,
+        fresh: bool = False,
         on_output: OutputCallback | None = None,
     ) -> dict[str, Any]:
-        """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result."""
+        """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result.
+
+        Python and JavaScript keep state between calls on one sandbox (``result`` is the repr
+        of a final bare expression); ``fresh=True`` runs this call in a new process instead.
+        """
         params = {
             "language": language,
             "code": code,
@@ -106,6 +113,7 @@ class CodeExecutionTools:
             "timeout": timeout,
             "network_enabled": network_enabled,
             "allowed_domains": list(allowed_domains or []),
+            "fresh": fresh,
         }
 
         async def body(decision: ApprovalDecision | None) -> dict[str, Any]:
@@ -128,12 +136,39 @@ class CodeExecutionTools:
                 language=language,  # type: ignore[arg-type]
                 timeout_s=timeout,
                 on_output=on_output,
+                fresh=True if fresh else None,
             )
             out = result.to_dict()
             out["warnings"] = warnings + out["warnings"]
             return out
 
         return await self._call("code_execute", params, body, fields={"sandbox_id": sandbox_id})
+
+    async def code_execute_stream(
+        self,
+        language: str,
+        code: str,
+        sandbox_id: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the usage guide's parameter name
+        *,
+        fresh: bool = False,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """``code_execute`` as a stream: ``{"type": "stdout"|"stderr", "text": ...}`` items as
+        the code prints, then ``{"type": "result", **result}``. Breaking out cancels the run."""
+
+        def start(on_output: OutputCallback) -> Awaitable[dict[str, Any]]:
+            return self.code_execute(
+                language, code, sandbox_id, timeout, fresh=fresh, on_output=on_output
+            )
+
+        # aclosing: leaving this generator must cancel the run now, not when the inner
+        # generator is garbage-collected.
+        async with contextlib.aclosing(iterate(start)) as items:
+            async for item in items:
+                if isinstance(item, OutputChunk):
+                    yield {"type": item.stream, "text": item.text}
+                else:
+                    yield {"type": "result", **item}
 
     async def code_install_package(
         self, sandbox_id: str, package: str, registry: str = "pypi"

@@ -73,13 +73,13 @@ async def test_timeout_kills_keeps_partial_output_and_sandbox_survives(
 async def test_sigterm_ignored_still_dies_after_grace(
     tools: CodeExecutionTools, sandbox_id: str
 ) -> None:
-    """A program that ignores SIGTERM is SIGKILLed after the grace period."""
+    """A fresh process that ignores SIGTERM is SIGKILLed after the grace period."""
     code = (
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "print('armed', flush=True)\ntime.sleep(60)"
     )
     result = await tools.code_execute(
-        language="python", code=code, sandbox_id=sandbox_id, timeout=1
+        language="python", code=code, sandbox_id=sandbox_id, timeout=1, fresh=True
     )
     assert result["status"] == "timeout" and result["stdout"] == "armed\n"
     survivors = await tools.code_execute(
@@ -87,10 +87,11 @@ async def test_sigterm_ignored_still_dies_after_grace(
         sandbox_id=sandbox_id,
         code=(
             "for p in /proc/[0-9]*; do [ ${p#/proc/} != 1 ] && "
-            '[ "$(cat $p/comm 2>/dev/null)" = python3 ] && echo $p; done; true'
+            '[ "$(tr "\\0" " " < $p/cmdline 2>/dev/null)" = "python3 - " ] && echo $p; '
+            "done; true"
         ),
     )
-    assert survivors["stdout"] == ""  # the SIGTERM-proof process was SIGKILLed
+    assert survivors["stdout"] == ""  # the SIGTERM-proof `python3 -` was SIGKILLed
 
 
 async def test_background_processes_do_not_outlive_the_call(
@@ -165,7 +166,9 @@ async def test_fork_bomb_is_contained(
         "            time.sleep(30)\n            os._exit(0)\n        n += 1\n"
         "except BlockingIOError:\n    print('limited at', n)"
     )
-    result = await tools.code_execute(language="python", code=forker, sandbox_id=fresh_sandbox)
+    result = await tools.code_execute(
+        language="python", code=forker, sandbox_id=fresh_sandbox, fresh=True
+    )
     words = result["stdout"].split()
     assert words[:2] == ["limited", "at"]
     processes = int(words[2]) + 1  # the forked children and the forking process

@@ -1,0 +1,102 @@
+// harombe's JavaScript session worker: one Node.js process whose globals persist between runs.
+// Started by the in-sandbox supervisor as `node -e <this file>`. Requests arrive on fd 3 and
+// replies leave on fd 4, as frames of [u32 json_len][u32 blob_len][json][blob] (big-endian);
+// the blob of a request is the code. stdout and stderr are the run's output.
+//
+// Code runs with vm.runInThisContext, so `var`, functions and top-level `let`/`const` persist,
+// `require` resolves from /workspace and NODE_PATH, and the completion value of the code (a
+// promise is awaited) comes back as `result`, formatted by util.inspect. SIGINT (the
+// supervisor's timeout or cancel) interrupts running code and keeps the state.
+// Everything is inside one function so that none of the worker's names are globals that
+// user code could collide with (`const util = …` must work in a cell).
+(function harombeWorker() {
+'use strict';
+const fs = require('fs');
+const net = require('net');
+const vm = require('vm');
+const util = require('util');
+const { createRequire } = require('module');
+
+globalThis.require = createRequire('/workspace/');
+const RESULT_LIMIT = 10000;
+let cell = 0;
+let interrupt = null; // rejects the pending async part of a run on SIGINT
+
+process.on('SIGINT', () => {
+  if (interrupt) interrupt(new Error('Script execution was interrupted by `SIGINT`'));
+});
+process.on('uncaughtException', (err) => {
+  process.stderr.write(`Uncaught ${err && err.stack ? err.stack : String(err)}\n`);
+});
+process.on('unhandledRejection', (err) => {
+  process.stderr.write(`Unhandled rejection: ${err && err.stack ? err.stack : String(err)}\n`);
+});
+
+// The error as Node would print it, without the worker's own frames.
+function describe(err) {
+  if (!(err instanceof Error) || !err.stack) return `Uncaught ${util.inspect(err)}`;
+  const lines = err.stack.split('\n');
+  const first = lines.findIndex((line) => /^\s+at /.test(line));
+  if (first < 0) return err.stack;
+  const frames = lines.slice(first).filter((line) => line.includes('<cell '));
+  return [...lines.slice(0, first), ...frames].join('\n');
+}
+
+function reply(msg) {
+  const data = Buffer.from(JSON.stringify(msg));
+  const header = Buffer.alloc(8);
+  header.writeUInt32BE(data.length, 0);
+  header.writeUInt32BE(0, 4);
+  const frame = Buffer.concat([header, data]);
+  let offset = 0;
+  while (offset < frame.length) offset += fs.writeSync(4, frame, offset);
+}
+
+async function runCell(code) {
+  cell += 1;
+  const started = process.cpuUsage();
+  let exitCode = 0;
+  let result = null;
+  try {
+    let value = vm.runInThisContext(code, { filename: `<cell ${cell}>`, breakOnSigint: true });
+    if (value && typeof value.then === 'function') {
+      value = await Promise.race([
+        value,
+        new Promise((_, reject) => { interrupt = reject; }),
+      ]);
+    }
+    if (value !== undefined) {
+      result = util.inspect(value).slice(0, RESULT_LIMIT);
+    }
+  } catch (err) {
+    process.stderr.write(`${describe(err)}\n`);
+    exitCode = 1;
+  } finally {
+    interrupt = null;
+  }
+  const used = process.cpuUsage(started);
+  reply({
+    exit_code: exitCode,
+    result,
+    cpu_s: (used.user + used.system) / 1e6,
+    maxrss_kb: process.resourceUsage().maxRSS,
+  });
+}
+
+// A socket, not an fs stream: a pipe read on libuv's thread pool would hold up process.exit().
+const input = new net.Socket({ fd: 3, readable: true, writable: false });
+let buffer = Buffer.alloc(0);
+let queue = Promise.resolve();
+input.on('data', (chunk) => {
+  buffer = Buffer.concat([buffer, chunk]);
+  while (buffer.length >= 8) {
+    const jlen = buffer.readUInt32BE(0);
+    const blen = buffer.readUInt32BE(4);
+    if (buffer.length < 8 + jlen + blen) break;
+    const code = buffer.subarray(8 + jlen, 8 + jlen + blen).toString('utf8');
+    buffer = buffer.subarray(8 + jlen + blen);
+    queue = queue.then(() => runCell(code));
+  }
+});
+input.on('end', () => process.exit(0));
+})();

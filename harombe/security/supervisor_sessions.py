@@ -1,0 +1,404 @@
+"""Stateful sessions for the in-sandbox supervisor: one long-lived interpreter per language.
+
+Standard library only. This file is prepended to ``supervisor.py`` to form the source the
+supervisor runs (``python3 -I -S -c``); names such as ``send``, ``Output``, ``child_setup``,
+``kill_all_others``, ``MEMORY_PROBES`` and ``HEADER`` come from there and are looked up when
+called, not when this file is read.
+
+A :class:`Worker` is an interpreter that keeps its globals between runs: Python is forked from
+the supervisor itself (no interpreter start-up: a fork costs about 20 ms under gVisor's ptrace
+platform, a fresh ``python3`` 100 ms and more), JavaScript is ``node`` running the worker script
+the host sends. The worker talks over two pipes (fd 3 requests, fd 4 replies) in the
+supervisor's frame format; its stdout and stderr are pipes the supervisor reads, as for any run.
+
+A :class:`SessionRun` is one call on a worker. A timeout or cancel first interrupts the code
+(SIGINT: ``KeyboardInterrupt`` in Python, ``breakOnSigint`` in Node), keeping the state; if the
+interpreter does not come back within the grace period it is killed and the result says
+``state_lost``. Running out of memory always kills it. Everything else the call started is
+killed when the call ends, as for fresh runs.
+"""
+
+import json
+import os
+import selectors
+import signal
+import struct
+import sys
+import time
+
+SESSION_LANGUAGES = ("python", "javascript")
+#: Languages whose interpreter died between runs (``kill -9 -1`` from a shell call, say): the
+#: next run on a new interpreter reports ``state_lost`` so the loss is never silent.
+LOST_BETWEEN_RUNS = set()
+RESULT_LIMIT = 10000  # characters of the final expression's repr sent back
+
+
+def read_frame(fd):
+    """One ``[u32][u32][json][blob]`` frame from a blocking fd, or None at end of file."""
+
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = os.read(fd, n - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return data
+
+    header = exactly(8)
+    if header is None:
+        return None
+    jlen, blen = struct.unpack(">II", header)
+    body = exactly(jlen + blen)
+    if body is None:
+        return None
+    return json.loads(body[:jlen]), body[jlen:]
+
+
+def write_frame(fd, msg, blob=b""):
+    data = json.dumps(msg, separators=(",", ":")).encode()
+    view = memoryview(struct.pack(">II", len(data), len(blob)) + data + blob)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def serve_python():
+    """The Python worker's loop, in a child forked from the supervisor; never returns."""
+    import ast
+    import builtins
+    import io
+    import linecache
+    import resource
+    import site
+    import traceback
+
+    sys.path[:] = [""] + [p for p in sys.path if p]
+    try:
+        site.addsitedir(site.getusersitepackages())  # packages from code_install_package
+    except Exception:
+        pass
+
+    def leave(code=None):
+        raise SystemExit(code)
+
+    builtins.exit = builtins.quit = leave  # what site would add; -S leaves them out
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    # Line-buffered when the host streams, so chunks arrive as lines are printed; otherwise
+    # block-buffered and flushed at the end of each run (a syscall per line is slow here).
+    sys.stdout = io.TextIOWrapper(
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
+    )
+    sys.stderr = io.TextIOWrapper(
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+        line_buffering=True,
+    )  # fmt: skip
+    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    cell = 0
+    # Everything alive now is the supervisor's and ours: keep the collector off those pages so
+    # processes that user code forks share them instead of copying them.
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    while True:
+        frame = read_frame(3)
+        if frame is None:
+            os._exit(0)
+        request, blob = frame
+        sys.stdout.reconfigure(line_buffering=bool(request.get("stream")))
+        cell += 1
+        name = "<cell %d>" % cell
+        code = blob.decode("utf-8", "surrogateescape")
+        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu0 = usage.ru_utime + usage.ru_stime + kids.ru_utime + kids.ru_stime
+        exit_code, result = 0, None
+        try:
+            tree = ast.parse(code, name, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            exec(compile(tree, name, "exec"), namespace)
+            if last is not None:
+                value = eval(compile(last, name, "eval"), namespace)
+                if value is not None:
+                    namespace["_"] = value
+                    result = repr(value)[:RESULT_LIMIT]
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                exit_code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+                exit_code = 1
+        except BaseException as exc:  # the user's exception, printed as Python would
+            tb = exc.__traceback__
+            while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
+                tb = tb.tb_next  # drop the worker's own frames
+            traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+            exit_code = 1
+        for stream_ in (sys.stdout, sys.stderr):
+            try:
+                stream_.flush()
+            except Exception:
+                pass
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = usage.ru_utime + usage.ru_stime + kids.ru_utime + kids.ru_stime - cpu0
+        reply = {"exit_code": exit_code, "result": result, "cpu_s": round(cpu_s, 6),
+                 "maxrss_kb": usage.ru_maxrss}  # fmt: skip
+        write_frame(4, reply)
+
+
+class Worker:
+    """A live interpreter for one language, its pipes, and the run it is serving (if any)."""
+
+    def __init__(self, msg, sel):
+        self.language = msg["language"]
+        self.sel = sel
+        self.run = None
+        self.replies = bytearray()
+        self.pending = b""
+        self.exit_status = None
+        fds = {}
+        for name in ("req", "rep", "out", "err"):
+            fds[name] = os.pipe()
+        env = {str(k): str(v) for k, v in msg.get("env", {}).items()}
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            try:
+                child_setup(int(msg.get("max_pids", 128)))
+                null = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(null, 0)
+                os.dup2(fds["out"][1], 1)
+                os.dup2(fds["err"][1], 2)
+                os.dup2(fds["req"][0], 3)
+                os.dup2(fds["rep"][1], 4)
+                os.closerange(5, 65536)
+                os.chdir(msg.get("cwd", "/workspace"))
+                os.environ.clear()
+                os.environ.update(env)
+                set_dumpable(1)  # the user's own process: /proc/self is theirs to read
+                if self.language == "python":
+                    serve_python()
+                argv = ["node", "-e", msg["worker_source"]]
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:
+                try:
+                    os.write(2, ("harombe worker: %r\n" % (exc,)).encode())
+                finally:
+                    os._exit(127)
+        self.pid = pid
+        PROTECTED.add(pid)
+        os.close(fds["req"][0])
+        os.close(fds["rep"][1])
+        os.close(fds["out"][1])
+        os.close(fds["err"][1])
+        self.req_fd = fds["req"][1]
+        self.fds = {fds["rep"][0]: "ctl", fds["out"][0]: "stdout", fds["err"][0]: "stderr"}
+        for fd, name in self.fds.items():
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, (self, name))
+        os.set_blocking(self.req_fd, False)
+
+    @property
+    def alive(self):
+        return self.exit_status is None
+
+    def submit(self, request, code):
+        data = json.dumps(request, separators=(",", ":")).encode()
+        self.pending = struct.pack(">II", len(data), len(code)) + data + code
+        self.flush_request()
+
+    def flush_request(self):
+        try:
+            while self.pending:
+                self.pending = self.pending[os.write(self.req_fd, self.pending) :]
+        except BlockingIOError:
+            pass
+        except OSError:  # the worker is gone; its death is reported through SIGCHLD
+            self.pending = b""
+        wanted = selectors.EVENT_WRITE if self.pending else 0
+        try:
+            if wanted:
+                self.sel.register(self.req_fd, wanted, (self, "req"))
+            else:
+                self.sel.unregister(self.req_fd)
+        except (KeyError, ValueError):
+            pass
+
+    def on_io(self, fd, name):
+        if name == "req":
+            self.flush_request()
+            return
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(fd)
+            os.close(fd)
+            del self.fds[fd]
+            return
+        if name == "ctl":
+            self.replies += data
+            while len(self.replies) >= HEADER.size:
+                jlen, blen = HEADER.unpack_from(self.replies)
+                end = HEADER.size + jlen + blen
+                if len(self.replies) < end:
+                    break
+                reply = json.loads(bytes(self.replies[HEADER.size : HEADER.size + jlen]))
+                del self.replies[:end]
+                if self.run is not None:
+                    self.run.replied(reply)
+        elif self.run is not None:
+            self.run.output.feed(name, data)
+        # Output between runs (a background thread printing) has no run to go to: dropped.
+
+    def drain(self):
+        """Read whatever the worker already wrote to stdout/stderr (non-blocking)."""
+        for fd, name in list(self.fds.items()):
+            if name == "ctl":
+                continue
+            while fd in self.fds:
+                try:
+                    data = os.read(fd, CHUNK)
+                except (BlockingIOError, OSError):
+                    break
+                if not data:
+                    self.on_io(fd, name)  # closes it
+                    break
+                if self.run is not None:
+                    self.run.output.feed(name, data)
+
+    def died(self, status):
+        self.exit_status = status
+        PROTECTED.discard(self.pid)
+        self.drain()
+        for fd in list(self.fds):
+            self.sel.unregister(fd)
+            os.close(fd)
+        self.fds.clear()
+        try:
+            self.sel.unregister(self.req_fd)
+        except (KeyError, ValueError):
+            pass
+        os.close(self.req_fd)
+        if self.run is not None:
+            self.run.worker_died(status)
+        else:
+            LOST_BETWEEN_RUNS.add(self.language)
+
+    def kill(self):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class SessionRun:
+    """One call on a :class:`Worker`; same timers, limits and report as a fresh ``Run``."""
+
+    def __init__(self, rid, msg, code, worker):
+        self.rid = rid
+        self.worker = worker
+        self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
+        self.max_rss = int(msg["max_memory_mb"]) * 1048576
+        self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
+        self.grace_s = float(msg.get("grace_s", 2.0))
+        self.started = time.monotonic()
+        self.deadline = self.started + float(msg["timeout_s"])
+        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
+        self.kill_at = None
+        self.status = None
+        self.exit_code = None
+        self.term_signal = None
+        self.result = None
+        self.cpu_s = 0.0
+        self.peak_rss = 0
+        self.state_lost = worker.language in LOST_BETWEEN_RUNS
+        LOST_BETWEEN_RUNS.discard(worker.language)
+        self.pid = worker.pid
+        worker.run = self
+        worker.submit({"cell": rid, "stream": bool(msg.get("stream"))}, code)
+
+    def replied(self, reply):
+        if self.exit_code is None:
+            self.exit_code = int(reply.get("exit_code", 1))
+            self.result = reply.get("result")
+            self.cpu_s = float(reply.get("cpu_s", 0.0))
+            self.peak_rss = max(self.peak_rss, int(reply.get("maxrss_kb", 0)) * 1024)
+
+    def worker_died(self, status):
+        self.state_lost = True
+        if self.exit_code is None:
+            if os.WIFSIGNALED(status):
+                self.term_signal = os.WTERMSIG(status)
+                self.exit_code = 128 + self.term_signal
+            else:
+                self.exit_code = os.WEXITSTATUS(status)
+
+    def reaped(self, status, rusage):  # never called: the worker's death goes through died()
+        pass
+
+    def stop(self, status, now):
+        """Interrupt the code (state kept); kill the interpreter if it does not come back."""
+        if self.status is None:
+            self.status = status
+        if self.kill_at is None:
+            kill_all_others()
+            try:
+                os.kill(self.worker.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            self.kill_at = now + self.grace_s
+
+    def tick(self, now):
+        if self.exit_code is not None:
+            return
+        if self.status is None and now >= self.deadline:
+            self.stop("timeout", now)
+        if self.kill_at is not None and now >= self.kill_at:
+            self.worker.kill()
+        if now >= self.next_mem_check:
+            self.next_mem_check = now + POLL_S
+            rss = self.memory_probe()
+            self.peak_rss = max(self.peak_rss, rss)
+            if rss > self.max_rss and self.status is None:
+                self.status = "oom"
+                self.worker.kill()
+                kill_all_others()
+
+    def finished(self):
+        if self.exit_code is None:
+            return False
+        # Nothing a call starts outlives it; then collect what the worker already printed.
+        if self.worker.alive:
+            kill_all_others()
+            self.worker.drain()
+        return True
+
+    def report(self):
+        status = self.status
+        if status is None:
+            status = "ok" if self.exit_code == 0 else "error"
+        self.worker.run = None
+        fields, blob = self.output.fields()
+        msg = {
+            "op": "done",
+            "id": self.rid,
+            "status": status,
+            "exit_code": self.exit_code,
+            "signal": self.term_signal,
+            **fields,
+            "duration_s": round(time.monotonic() - self.started, 6),
+            "cpu_s": round(self.cpu_s, 6),
+            "peak_memory_mb": round(self.peak_rss / 1048576, 2),
+            "result": self.result,
+            "state_lost": self.state_lost,
+            "session": True,
+        }
+        send(msg, blob)

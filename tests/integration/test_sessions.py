@@ -1,0 +1,186 @@
+"""Stateful sessions: one live Python or Node interpreter per sandbox, in real gVisor."""
+
+import re
+
+import pytest
+
+from harombe.config import load_config, parse_config
+from harombe.security.docker_manager import DockerManager
+from harombe.security.sandbox_manager import SandboxManager
+from harombe.tools.code_execution import CodeExecutionTools
+
+
+async def run(tools: CodeExecutionTools, sid: str, language: str, code: str, **kw: object) -> dict:  # type: ignore[type-arg]
+    return await tools.code_execute(language=language, code=code, sandbox_id=sid, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("language", "cells", "results"),
+    [
+        ("python", ["import math\nx = 40", "def f(n):\n    return n + 2", "f(x)", "math.pi > 3"],
+         [None, None, "42", "True"]),
+        ("javascript", ["let x = 40; const util = require('util');",
+                        "function f(n) { return n + 2 }", "f(x)", "util.format('%s!', 'hi')"],
+         [None, None, "42", "'hi!'"]),
+    ],
+    ids=["python", "javascript"],
+)  # fmt: skip
+async def test_state_persists_and_result_is_the_last_expression(
+    tools: CodeExecutionTools, fresh_sandbox: str, language: str, cells: list[str],
+    results: list[str | None],
+) -> None:  # fmt: skip
+    """Variables, imports and functions survive between calls; result is the final repr."""
+    for code, expected in zip(cells, results, strict=True):
+        result = await run(tools, fresh_sandbox, language, code)
+        assert result["success"] and result["stateful"], result
+        assert result["result"] == expected and result["state_lost"] is False
+
+
+async def test_errors_print_like_python_and_keep_state(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """An exception is a failed run with its traceback on stderr; earlier state is kept."""
+    await run(tools, fresh_sandbox, "python", "kept = 'yes'")
+    failed = await run(tools, fresh_sandbox, "python", "x = 1\n\n1 / 0")
+    assert failed["status"] == "error" and failed["exit_code"] == 1
+    assert re.search(r'File "<cell \d+>", line 3', failed["stderr"])
+    assert failed["stderr"].rstrip().endswith("ZeroDivisionError: division by zero")
+    assert "harombe" not in failed["stderr"] and "serve_python" not in failed["stderr"]
+    exited = await run(tools, fresh_sandbox, "python", "exit(3)")
+    assert exited["exit_code"] == 3 and exited["state_lost"] is False
+    assert (await run(tools, fresh_sandbox, "python", "kept"))["result"] == "'yes'"
+
+
+@pytest.mark.parametrize(
+    ("language", "spin"),
+    [("python", "while True:\n    pass"), ("javascript", "while (true) {}")],
+    ids=["python", "javascript"],
+)
+async def test_timeout_interrupts_and_keeps_state(
+    tools: CodeExecutionTools, fresh_sandbox: str, language: str, spin: str
+) -> None:
+    """A timed-out busy loop is interrupted, not killed: the session's variables survive."""
+    await run(
+        tools, fresh_sandbox, language, "var kept = 7" if language == "javascript" else "kept = 7"
+    )
+    result = await run(tools, fresh_sandbox, language, spin, timeout=1)
+    assert result["status"] == "timeout" and result["exit_code"] == -1
+    assert result["error"] == "TimeoutError" and result["state_lost"] is False
+    assert (await run(tools, fresh_sandbox, language, "kept"))["result"] == "7"
+
+
+async def test_timeout_that_must_kill_reports_state_lost(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """Code that ignores the interrupt is killed: state_lost, and the next call starts afresh."""
+    await run(tools, fresh_sandbox, "python", "kept = 7")
+    stubborn = (
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "print('stubborn', flush=True)\ntime.sleep(60)"
+    )
+    result = await run(tools, fresh_sandbox, "python", stubborn, timeout=1)
+    assert result["status"] == "timeout" and result["state_lost"] is True
+    assert result["stdout"] == "stubborn\n", "partial output is kept"
+    after = await run(tools, fresh_sandbox, "python", "'kept' in globals()")
+    assert after["result"] == "False" and after["state_lost"] is False
+    assert after["sandbox_id"] == fresh_sandbox
+
+
+async def test_out_of_memory_loses_state_not_the_sandbox(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A memory bomb in a session is oom with state_lost; the sandbox answers the next call."""
+    bomb = "blocks = []\nwhile True:\n    blocks.append(bytearray(16 * 1024 * 1024))"
+    result = await run(tools, fresh_sandbox, "python", bomb)
+    assert result["status"] == "oom" and result["state_lost"] is True
+    assert (await run(tools, fresh_sandbox, "python", "1 + 1"))["result"] == "2"
+
+
+async def test_fresh_runs_and_shell_leave_the_session_alone(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """fresh=True and shell calls run separate processes and do not disturb the session."""
+    await run(tools, fresh_sandbox, "python", "kept = 7")
+    isolated = await run(tools, fresh_sandbox, "python", "print('kept' in globals())", fresh=True)
+    assert isolated["stdout"] == "False\n" and isolated["stateful"] is False
+    shell = await run(tools, fresh_sandbox, "shell", "sleep 0.1; echo shell")
+    assert shell["stdout"] == "shell\n" and shell["stateful"] is False
+    assert (await run(tools, fresh_sandbox, "python", "kept"))["result"] == "7"
+
+
+async def test_session_killed_between_calls_is_reported(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """`kill -9 -1` from a shell call kills the session; the next Python call says so."""
+    await run(tools, fresh_sandbox, "python", "kept = 7")
+    await run(tools, fresh_sandbox, "shell", "kill -9 -1")
+    after = await run(tools, fresh_sandbox, "python", "'kept' in globals()")
+    assert after["state_lost"] is True and after["result"] == "False"
+    assert after["sandbox_id"] == fresh_sandbox
+
+
+async def test_hostile_session_code_cannot_break_the_channel(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """os.kill(1, 9) from the session interpreter fails; the session and the channel go on."""
+    code = "import os\ntry:\n    os.kill(1, 9)\nexcept PermissionError:\n    print('EPERM')\nz = 1"
+    result = await run(tools, fresh_sandbox, "python", code)
+    assert result["stdout"] == "EPERM\n"
+    assert (await run(tools, fresh_sandbox, "python", "z"))["result"] == "1"
+
+
+async def test_stateful_false_runs_a_fresh_process_each_time(
+    docker_manager: DockerManager,
+) -> None:
+    """With stateful: false in the config, nothing carries over between calls."""
+    data = load_config(environ={}).model_dump()
+    data["security"]["sandbox"]["stateful"] = False
+    manager = SandboxManager(docker_manager, config=parse_config(data))
+    await manager.start()
+    try:
+        tools = CodeExecutionTools(manager)
+        first = await tools.code_execute(language="python", code="x = 1\nprint('set')")
+        second = await run(tools, first["sandbox_id"], "python", "print('x' in globals())")
+        assert second["stdout"] == "False\n" and second["stateful"] is False
+        assert second["result"] is None
+    finally:
+        await manager.stop()
+
+
+@pytest.mark.parametrize("language", ["python", "javascript"])
+async def test_streaming_yields_chunks_as_they_are_printed(
+    tools: CodeExecutionTools, fresh_sandbox: str, language: str
+) -> None:
+    """code_execute_stream yields each printed line as its own chunk, then the result."""
+    code = {
+        "python": "import time\nfor i in range(3):\n"
+        "    print('line', i)\n    time.sleep(0.2)\n'end'",
+        "javascript": "(async () => { for (let i = 0; i < 3; i++) { console.log('line', i); "
+        "await new Promise(r => setTimeout(r, 200)); } return 'end'; })()",
+    }[language]
+    items = [
+        item
+        async for item in tools.code_execute_stream(
+            language=language, code=code, sandbox_id=fresh_sandbox
+        )
+    ]
+    chunks = [item["text"] for item in items if item["type"] == "stdout"]
+    assert chunks == ["line 0\n", "line 1\n", "line 2\n"]
+    assert items[-1]["type"] == "result" and items[-1]["result"] == "'end'"
+    assert items[-1]["stdout"] == "line 0\nline 1\nline 2\n"
+
+
+async def test_leaving_a_stream_cancels_the_run(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """Breaking out of a stream stops the run inside the sandbox; the session stays usable."""
+    stream = tools.code_execute_stream(
+        language="python",
+        code="import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.05)",
+        sandbox_id=fresh_sandbox,
+    )
+    first = await anext(stream)
+    assert first == {"type": "stdout", "text": "started\n"}
+    await stream.aclose()  # type: ignore[attr-defined]
+    after = await run(tools, fresh_sandbox, "python", "'alive'")
+    assert after.get("result") == "'alive'", after
