@@ -60,6 +60,17 @@ class NetworkConfig(_Strict):
     )
 
 
+class PoolConfig(_Strict):
+    """The warm pool: sandboxes started ahead of need, per language (and image and limits)."""
+
+    size: int = Field(2, ge=0, le=1000, description="ready sandboxes kept per language; 0: off")
+    max_age_s: float = Field(
+        3600, gt=0, description="a waiting sandbox older than this is replaced"
+    )
+    # Languages whose pool fills when the manager starts; others fill after their first use.
+    prewarm: list[Language] = Field(default_factory=list)
+
+
 class LanguageConfig(_Strict):
     image: str = DEFAULT_IMAGE
 
@@ -77,6 +88,7 @@ class SandboxConfig(_Strict):
     # Python and JavaScript keep variables, imports and functions between calls on a sandbox
     # (one live interpreter); False, or code_execute(fresh=True), runs a new process instead.
     stateful: bool = True
+    pool: PoolConfig = Field(default_factory=PoolConfig)  # type: ignore[arg-type]
     limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     languages: dict[Language, LanguageConfig] = Field(default_factory=_default_languages)

@@ -19,6 +19,7 @@ LABEL_MANAGED = "harombe.managed"
 LABEL_SANDBOX = "harombe.sandbox"
 LABEL_OWNER = "harombe.owner"
 LABEL_MANAGER = "harombe.manager"
+LABEL_POOLED = "harombe.pooled"
 HOME = "/home/sandbox"
 WORKSPACE = "/workspace"
 # gVisor keeps tmpfs files in sandbox memory, so the container's cgroup limit must cover the
@@ -36,7 +37,9 @@ _HERE = Path(__file__).parent
 # supervisor's main() (at the end of supervisor.py) starts serving.
 SUPERVISOR_SOURCE = "\n\n".join(
     (_HERE / name).read_text(encoding="utf-8")
-    for name in ("supervisor_sessions.py", "supervisor.py")
+    for name in (
+        "supervisor_sessions.py", "supervisor_files.py", "supervisor_runs.py", "supervisor.py"
+    )
 )
 JS_WORKER_SOURCE = (_HERE / "jsworker.js").read_text(encoding="utf-8")
 #: Languages whose runs keep state between calls unless asked for a fresh process.
@@ -85,6 +88,7 @@ def container_spec(
     owner: str,
     manager_id: str,
     language: Language,
+    pooled: bool = False,
 ) -> dict[str, Any]:
     """Keyword arguments for ``docker containers.create``: every isolation default in one place."""
     limits = config.limits
@@ -107,6 +111,7 @@ def container_spec(
             LABEL_OWNER: owner,
             LABEL_MANAGER: manager_id,
             "harombe.language": language,
+            **({LABEL_POOLED: "1"} if pooled else {}),
         },
         "runtime": config.runtime,
         "network_mode": "none",

@@ -25,14 +25,15 @@ from harombe.errors import (
     RuntimeNotAvailableError,
     SandboxLostError,
     SandboxNotFoundError,
+    SandboxStartError,
     UsageError,
 )
-from harombe.security import packages
 from harombe.security.channel import Channel, OutputCallback
 from harombe.security.docker_manager import DockerManager
 from harombe.security.files import FileOps
+from harombe.security.installs import PackageInstalls
+from harombe.security.pool import WarmPool
 from harombe.security.sandbox import (
-    HOME,
     JS_WORKER_SOURCE,
     LABEL_MANAGED,
     LABEL_MANAGER,
@@ -52,7 +53,6 @@ log = structlog.get_logger(__name__)
 GVISOR_RUNTIMES = ("runsc",)
 START_TIMEOUT_S = 30.0
 REPLY_SLACK_S = 15.0
-INSTALL_TIMEOUT_S = 600.0
 TRUNCATION_MARK = "\n[OUTPUT TRUNCATED]"
 
 
@@ -85,7 +85,7 @@ def _decode(data: bytes, total: int) -> tuple[str, bool]:
     return (text + TRUNCATION_MARK if truncated else text), truncated
 
 
-class SandboxManager(FileOps):
+class SandboxManager(FileOps, PackageInstalls):
     """Creates, runs and destroys sandboxes. ``await start()`` before use, ``stop()`` after."""
 
     def __init__(
@@ -117,6 +117,22 @@ class SandboxManager(FileOps):
         self._sandboxes: dict[str, Sandbox] = {}
         self._replaced: dict[str, str] = {}
         self._started = False
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> WarmPool:
+        pool = self.sandbox_config.pool
+        return WarmPool(
+            self._launch_pooled, self._discard, size=pool.size, max_age_s=pool.max_age_s
+        )
+
+    def pool_key(self, language: Language) -> tuple[str, ...]:
+        """The warm-pool key of ``language``'s sandboxes: language, image, runtime and limits."""
+        cfg = self.sandbox_config
+        return (language, cfg.image_for(language), cfg.runtime, cfg.limits.model_dump_json())
+
+    async def wait_pool_settled(self) -> None:
+        """Wait until the warm pool has finished refilling (for benchmarks and tests)."""
+        await self.pool.settled()
 
     @property
     def sandbox_config(self) -> Any:
@@ -151,6 +167,9 @@ class SandboxManager(FileOps):
             )
         await self.sweep_orphans()
         self._started = True
+        self.pool = self._new_pool()
+        for language in cfg.pool.prewarm:
+            self.pool.fill(self.pool_key(language))
         log.info("sandbox_manager.started", runtime=cfg.runtime, manager_id=self.manager_id)
 
     async def sweep_orphans(self) -> int:
@@ -166,7 +185,7 @@ class SandboxManager(FileOps):
     async def stop(self) -> None:
         """Destroy every sandbox this manager created (also ones a failed create left)."""
         self._started = False
-        boxes = list(self._sandboxes.values())
+        boxes = list(self._sandboxes.values()) + await self.pool.close()
         self._sandboxes.clear()
         await asyncio.gather(*(box.channel.close() for box in boxes))
         if self.docker.started:
@@ -202,10 +221,60 @@ class SandboxManager(FileOps):
         network_enabled: bool = False,
         allowed_domains: Sequence[str] = (),
     ) -> Sandbox:
-        """Create and start a sandbox; returns once its supervisor has answered."""
+        """A started sandbox, from the warm pool when one is ready, else started now."""
         self._require_started()
         if language not in LANGUAGES:
             raise UsageError(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+        if not network_enabled:
+            key = self.pool_key(language)
+            box = self.pool.claim(key)  # also starts a refill: the pool fills after first use
+            if box is not None:
+                self._sandboxes[box.sandbox_id] = box
+                log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
+                return box
+        box = await self._launch(
+            language, network_enabled=network_enabled, allowed_domains=allowed_domains
+        )
+        self._sandboxes[box.sandbox_id] = box
+        return box
+
+    async def _launch_pooled(self, key: Any) -> Sandbox:
+        box = await self._launch(key[0], pooled=True)
+        if self.sandbox_config.stateful and box.language in SESSION_LANGUAGES:
+            # Start the session interpreter now, so the first call on it pays nothing.
+            reply, _ = await box.channel.request(
+                {"op": "warm", **self._session_fields(box.language)}, timeout_s=START_TIMEOUT_S
+            )
+            if not reply.get("ok"):
+                await self._discard(box)
+                raise SandboxStartError(f"session interpreter did not start: {reply}")
+        return box
+
+    async def _discard(self, box: Sandbox) -> None:
+        await box.channel.close()
+        await self.docker.remove_container(box.container_id)
+
+    def _session_fields(self, language: str) -> dict[str, Any]:
+        """What the supervisor needs to start the session interpreter for ``language``."""
+        fields: dict[str, Any] = {
+            "session": True,
+            "language": language,
+            "env": RUN_ENV,
+            "cwd": "/workspace",
+            "max_pids": self.limits.max_pids,
+        }
+        if language == "javascript":
+            fields["worker_source"] = JS_WORKER_SOURCE
+        return fields
+
+    async def _launch(
+        self,
+        language: Language,
+        *,
+        network_enabled: bool = False,
+        allowed_domains: Sequence[str] = (),
+        pooled: bool = False,
+    ) -> Sandbox:
         cfg = self.sandbox_config
         image = cfg.image_for(language)
         sandbox_id = new_sandbox_id()
@@ -218,6 +287,7 @@ class SandboxManager(FileOps):
             owner=self._owner,
             manager_id=self.manager_id,
             language=language,
+            pooled=pooled,
         )
         container_id = await self.docker.create_container(**spec)
         channel: Channel | None = None
@@ -242,13 +312,13 @@ class SandboxManager(FileOps):
             network_enabled=network_enabled,
             allowed_domains=tuple(allowed_domains),
         )
-        self._sandboxes[sandbox_id] = box
         log.info(
             "sandbox.created",
             sandbox_id=sandbox_id,
             language=language,
             image=image,
             runtime=cfg.runtime,
+            pooled=pooled,
             duration_s=round(time.perf_counter() - started, 4),
         )
         return box
@@ -343,9 +413,7 @@ class SandboxManager(FileOps):
             "stream": on_output is not None,
         }
         if session:
-            msg.update(session=True, language=language)
-            if language == "javascript":
-                msg["worker_source"] = JS_WORKER_SOURCE
+            msg.update(self._session_fields(language), env=msg["env"])
         started = time.perf_counter()
         box.runs += 1
         try:
@@ -452,69 +520,4 @@ class SandboxManager(FileOps):
             language=language,
             runtime=box.runtime,
             replaced_sandbox_id=box.sandbox_id,
-        )
-
-    async def install_package(
-        self, sandbox_id: str, package: str, registry: str = "pypi"
-    ) -> ExecutionResult:
-        """Install a registry package into the sandbox, which stays offline throughout."""
-        spec = packages.parse_spec(package, registry)
-        box = self.get(sandbox_id)
-        need = "python3" if spec.registry == "pypi" else "node"
-        if not box.has(need):
-            raise UsageError(f"{spec.registry} packages need {need}, which image {box.image} lacks")
-        info = box.info
-        async with box.lock:
-            if spec.registry == "npm":
-                started = time.perf_counter()
-                archive, npm_output = await packages.fetch_npm(spec)
-                await self._untar(box, archive, root=f"{HOME}/node_modules")
-                return self._install_result(box, npm_output, time.perf_counter() - started)
-            libc = info.get("libc") or ["glibc", "2.17"]
-            archive = await packages.fetch_pypi(
-                spec,
-                python=str(info.get("python", "3")),
-                machine=str(info.get("machine")),
-                glibc=str(libc[1] or "2.17"),
-            )
-            wheels = "/tmp/harombe-wheels"
-            await self._untar(box, archive, root=wheels)
-            argv = [
-                "python3",
-                "-m",
-                "pip",
-                "install",
-                "--user",
-                "--no-index",
-                "--find-links",
-                wheels,
-                "--no-warn-script-location",
-                "--no-cache-dir",
-                "--",
-                spec.text,
-            ]
-            result = await self._run(
-                box,
-                argv,
-                b"",
-                language="shell",
-                timeout_s=INSTALL_TIMEOUT_S,
-                extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
-            )
-            if result.status != "lost":
-                await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
-            return result
-
-    def _install_result(self, box: Sandbox, output: str, elapsed_s: float) -> ExecutionResult:
-        return ExecutionResult(
-            success=True,
-            sandbox_id=box.sandbox_id,
-            stdout=output,
-            stderr="",
-            exit_code=0,
-            execution_time=round(elapsed_s, 6),
-            error=None,
-            status="ok",
-            language="javascript",
-            runtime=box.runtime,
         )

@@ -1,14 +1,19 @@
 """The supervisor that runs as PID 1 inside every sandbox.
 
-Standard library only, Python >= 3.8. The host passes this file's source as ``python3 -I -S -c``,
-so it lives in the supervisor's memory and nothing in the sandbox can rewrite it. It talks to the
-host over the container's attached stdin/stdout in frames::
+Standard library only, Python >= 3.8. The host passes the supervisor's source as
+``python3 -I -S -c``, so it lives in the supervisor's memory and nothing in the sandbox can
+rewrite it. That source is four files run as one module, in this order:
+``supervisor_sessions.py`` (session interpreters), ``supervisor_files.py`` (file operations),
+``supervisor_runs.py`` (fresh-process runs) and this file, whose ``main()`` runs last; names
+defined in one are used by the others at call time. It talks to the host over the container's
+attached stdin/stdout in frames::
 
     [u32 json_len][u32 blob_len][json object][blob bytes]        (big-endian lengths)
 
 Host → supervisor ops: ``run`` (argv, env, cwd, stdin blob, timeout_s, grace_s,
-max_output_bytes, max_memory_mb, stream), ``cancel``, ``write``, ``read``, ``list``, ``untar``,
-``ping``. Replies: ``hello`` once at start, ``out`` chunks for streaming runs, ``done`` for runs
+max_output_bytes, max_memory_mb, stream; ``session`` and ``language`` to run the blob as code in
+the session interpreter instead), ``warm`` (start a session interpreter), ``cancel``, ``write``,
+``read``, ``list``, ``untar``, ``ping``. Replies: ``hello`` once at start, ``out`` chunks for streaming runs, ``done`` for runs
 and ``result`` for everything else, each carrying the request ``id``.
 
 Privilege separation: the supervisor runs as root with only CAP_SETUID, CAP_SETGID and
@@ -27,7 +32,6 @@ import resource
 import select
 import selectors
 import signal
-import stat
 import struct
 import sys
 import time
@@ -39,14 +43,6 @@ POLL_S = 0.05
 DRAIN_S = 5.0
 FIRST_MEMORY_CHECK_S = 0.02
 TRUNCATED = b"\n[OUTPUT TRUNCATED]\n"
-
-
-class Refused(Exception):
-    """A file operation that is refused; ``kind`` becomes the host-side error."""
-
-    def __init__(self, kind, message):
-        super().__init__(message)
-        self.kind = kind
 
 
 def run_as():
@@ -192,304 +188,6 @@ def child_setup(nproc):
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-class Output:
-    """The captured stdout/stderr of one run: capped in bytes, streamed if asked."""
-
-    def __init__(self, rid, cap, stream):
-        self.rid = rid
-        self.cap = cap
-        self.stream = stream
-        self.out = {"stdout": bytearray(), "stderr": bytearray()}
-        self.total = {"stdout": 0, "stderr": 0}
-
-    def feed(self, name, data):
-        self.total[name] += len(data)
-        buf = self.out[name]
-        room = self.cap - len(buf)
-        if room > 0:  # beyond the cap the bytes are read and dropped: memory stays bounded
-            kept = data[:room]
-            buf += kept
-            if self.stream:
-                send({"op": "out", "id": self.rid, "stream": name}, bytes(kept))
-
-    def fields(self):
-        out, err = bytes(self.out["stdout"]), bytes(self.out["stderr"])
-        return {
-            "stdout_len": len(out),
-            "stderr_len": len(err),
-            "stdout_total": self.total["stdout"],
-            "stderr_total": self.total["stderr"],
-        }, out + err
-
-
-class Run:
-    """One supervised child process and everything it started."""
-
-    def __init__(self, rid, msg, stdin_data, sel):
-        self.rid = rid
-        self.sel = sel
-        self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
-        self.max_rss = int(msg["max_memory_mb"]) * 1048576
-        self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
-        self.grace_s = float(msg.get("grace_s", 2.0))
-        self.started = time.monotonic()
-        self.deadline = self.started + float(msg["timeout_s"])
-        self.kill_at = None
-        self.status = None  # set when we decide to stop it: timeout, oom, cancelled
-        self.exit_code = None
-        self.term_signal = None
-        self.cpu_s = 0.0
-        self.peak_rss = 0
-        # /proc/meminfo costs most of a millisecond here; short runs never need it.
-        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
-        self.open_streams = set()
-        self.stdin_view = memoryview(stdin_data)
-        self.stdin_fd = None
-        self.drain_deadline = None
-        self.pid = self._spawn(msg)
-
-    def _spawn(self, msg):
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        exec_r, exec_w = os.pipe()
-        argv = [str(a) for a in msg["argv"]]
-        env = {str(k): str(v) for k, v in msg.get("env", {}).items()}
-        cwd = msg.get("cwd", "/workspace")
-        nproc = int(msg.get("max_pids", 128))
-        pid = os.fork()
-        if pid == 0:  # child: never returns
-            try:
-                child_setup(nproc)
-                os.dup2(in_r, 0)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                os.chdir(cwd)
-                os.execvpe(argv[0], argv, env)
-            except BaseException as exc:  # report why exec failed, then die
-                try:
-                    os.write(exec_w, ("%s: %s" % (type(exc).__name__, exc)).encode())
-                finally:
-                    os._exit(127)
-        for fd in (in_r, out_w, err_w, exec_w):
-            os.close(fd)
-        failure = b""
-        while True:
-            chunk = os.read(exec_r, 4096)
-            if not chunk:
-                break
-            failure += chunk
-        os.close(exec_r)
-        if failure:
-            for fd in (in_w, out_r, err_r):
-                os.close(fd)
-            os.waitpid(pid, 0)
-            raise Refused("ExecFailed", "could not start %s: %s" % (argv[0], failure.decode()))
-        for fd, name in ((out_r, "stdout"), (err_r, "stderr")):
-            os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, (self, name))
-            self.open_streams.add(fd)
-        os.set_blocking(in_w, False)
-        self.stdin_fd = in_w
-        if self.stdin_view:
-            self.sel.register(in_w, selectors.EVENT_WRITE, (self, "stdin"))
-        else:
-            self._close_stdin()
-        return pid
-
-    def _close_stdin(self):
-        if self.stdin_fd is not None:
-            try:
-                self.sel.unregister(self.stdin_fd)
-            except (KeyError, ValueError):
-                pass
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
-
-    def on_io(self, fd, name):
-        if name == "stdin":
-            try:
-                n = os.write(fd, self.stdin_view[:CHUNK])
-                self.stdin_view = self.stdin_view[n:]
-            except BlockingIOError:
-                return
-            except OSError:  # the child closed its stdin or exited
-                self.stdin_view = memoryview(b"")
-            if not self.stdin_view:
-                self._close_stdin()
-            return
-        try:
-            data = os.read(fd, CHUNK)
-        except BlockingIOError:
-            return
-        if not data:
-            self.sel.unregister(fd)
-            os.close(fd)
-            self.open_streams.discard(fd)
-            return
-        self.output.feed(name, data)
-
-    def stop(self, status, now):
-        """Begin stopping: SIGTERM the session now, SIGKILL everything after the grace."""
-        if self.status is None:
-            self.status = status
-        if self.kill_at is None:
-            try:
-                os.killpg(self.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.kill_at = now + self.grace_s
-
-    def tick(self, now):
-        if self.exit_code is not None and self.open_streams:
-            # Processes forked while the sweep ran escape it and keep the pipes open: sweep
-            # again until they are gone; give up on the pipes after a while rather than hang.
-            kill_all_others()
-            if self.drain_deadline is None:
-                self.drain_deadline = now + DRAIN_S
-            elif now >= self.drain_deadline:
-                for fd in list(self.open_streams):
-                    self.sel.unregister(fd)
-                    os.close(fd)
-                self.open_streams.clear()
-        if self.exit_code is None:
-            if self.status is None and now >= self.deadline:
-                self.stop("timeout", now)
-            if self.kill_at is not None and now >= self.kill_at:
-                kill_all_others()
-            if now >= self.next_mem_check:
-                self.next_mem_check = now + POLL_S
-                rss = self.memory_probe()
-                self.peak_rss = max(self.peak_rss, rss)
-                if rss > self.max_rss and self.status is None:
-                    self.status = "oom"
-                    kill_all_others()
-
-    def reaped(self, status, rusage):
-        self.cpu_s = rusage.ru_utime + rusage.ru_stime
-        self.peak_rss = max(self.peak_rss, rusage.ru_maxrss * 1024)
-        if os.WIFSIGNALED(status):
-            self.term_signal = os.WTERMSIG(status)
-            self.exit_code = 128 + self.term_signal
-        else:
-            self.exit_code = os.WEXITSTATUS(status)
-        # Nothing a run starts may outlive it; this also closes every inherited pipe end.
-        kill_all_others()
-        self._close_stdin()
-
-    def finished(self):
-        return self.exit_code is not None and not self.open_streams
-
-    def report(self):
-        status = self.status
-        if status is None:
-            status = "ok" if self.exit_code == 0 else "error"
-        fields, blob = self.output.fields()
-        msg = {
-            "op": "done",
-            "id": self.rid,
-            "status": status,
-            "exit_code": self.exit_code,
-            "signal": self.term_signal,
-            **fields,
-            "duration_s": round(time.monotonic() - self.started, 6),
-            "cpu_s": round(self.cpu_s, 6),
-            "peak_memory_mb": round(self.peak_rss / 1048576, 2),
-        }
-        send(msg, blob)
-
-
-def resolve(root, rel):
-    """Absolute path of ``rel`` under ``root`` after following symlinks; refuse escapes."""
-    if "\x00" in rel or os.path.isabs(rel):
-        raise Refused("WorkspacePathError", "path %r must be relative to %s" % (rel, root))
-    full = os.path.realpath(os.path.join(root, rel))
-    if full != root and not full.startswith(root + "/"):
-        raise Refused(
-            "WorkspacePathError",
-            "path %r resolves outside %s (through '..' or a symlink); refused" % (rel, root),
-        )
-    return full
-
-
-def op_write(msg, blob):
-    full = resolve(msg["root"], msg["path"])
-    parent = os.path.dirname(full)
-    os.makedirs(parent, exist_ok=True)
-    if os.path.realpath(parent) != parent:  # a symlink was planted while we created dirs
-        raise Refused("WorkspacePathError", "path %r changed while writing" % msg["path"])
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(full, flags, int(msg.get("mode", 0o644)))
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
-    return {"bytes": len(blob)}, b""
-
-
-def op_read(msg, _blob):
-    full = resolve(msg["root"], msg["path"])
-    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if stat.S_ISDIR(st.st_mode):
-            raise Refused("IsADirectoryError", "%r is a directory; use list" % msg["path"])
-        limit = int(msg["max_bytes"])
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise Refused("FileTooLargeError", "%r is larger than %d bytes" % (msg["path"], limit))
-    return {"bytes": len(data)}, data
-
-
-def op_list(msg, _blob):
-    full = resolve(msg["root"], msg["path"])
-    entries = []
-    with os.scandir(full) as it:
-        for entry in it:
-            st = entry.stat(follow_symlinks=False)
-            kind = (
-                "dir"
-                if stat.S_ISDIR(st.st_mode)
-                else "symlink"
-                if stat.S_ISLNK(st.st_mode)
-                else "file"
-            )
-            entries.append({"name": entry.name, "type": kind, "size": st.st_size})
-    entries.sort(key=lambda e: e["name"])
-    return {"entries": entries}, b""
-
-
-def op_untar(msg, blob):
-    """Unpack a tar (made by the host) below ``root``; every member must stay inside it."""
-    import io
-
-    root = msg["root"]
-    os.makedirs(root, exist_ok=True)
-    import tarfile  # only package installs need it; importing it costs start-up time
-
-    try:
-        return _untar(tarfile.open(fileobj=io.BytesIO(blob), mode="r:*"), root)
-    except tarfile.TarError as exc:
-        raise Refused("TarError", str(exc)) from None
-
-
-def _untar(tar, root):
-    with tar:
-        members = tar.getmembers()
-        for m in members:
-            target = os.path.normpath(os.path.join(root, m.name))
-            bad = not (target == root or target.startswith(root + "/"))
-            if m.issym():
-                dest = os.path.normpath(os.path.join(os.path.dirname(target), m.linkname))
-                bad = bad or os.path.isabs(m.linkname) or not dest.startswith(root + "/")
-            if bad or m.islnk() or m.isdev() or m.isfifo():
-                raise Refused("WorkspacePathError", "archive member %r is not allowed" % m.name)
-            m.mode &= 0o755
-        tar.extractall(root, members=members)
-    return {"members": len(members)}, b""
-
-
-FILE_OPS = {"write": op_write, "read": op_read, "list": op_list, "untar": op_untar}
-
-
 def hello():
     import platform
     import shutil
@@ -600,6 +298,22 @@ def handle(msg, blob, run, sel, workers):
         if run is not None and run.rid == msg.get("target"):
             run.stop("cancelled", time.monotonic())
         send({"op": "result", "id": rid, "ok": True})
+        return run
+    if op == "warm":  # start the session interpreter ahead of the first run (warm pool)
+        try:
+            if msg.get("language") in SESSION_LANGUAGES and msg["language"] not in workers:
+                workers[msg["language"]] = Worker(msg, sel)
+            send({"op": "result", "id": rid, "ok": True})
+        except Exception as exc:
+            send(
+                {
+                    "op": "result",
+                    "id": rid,
+                    "ok": False,
+                    "error": type(exc).__name__,
+                    "message": str(exc),
+                }
+            )
         return run
     if op == "ping":
         send({"op": "result", "id": rid, "ok": True})

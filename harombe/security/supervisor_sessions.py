@@ -1,9 +1,9 @@
 """Stateful sessions for the in-sandbox supervisor: one long-lived interpreter per language.
 
-Standard library only. This file is prepended to ``supervisor.py`` to form the source the
-supervisor runs (``python3 -I -S -c``); names such as ``send``, ``Output``, ``child_setup``,
-``kill_all_others``, ``MEMORY_PROBES`` and ``HEADER`` come from there and are looked up when
-called, not when this file is read.
+Standard library only. This file is the first part of the supervisor's source (see
+``supervisor.py``); names such as ``send``, ``Output``, ``child_setup``, ``kill_all_others``,
+``MEMORY_PROBES`` and ``HEADER`` come from the later parts and are looked up when called, not
+when this file is read.
 
 A :class:`Worker` is an interpreter that keeps its globals between runs: Python is forked from
 the supervisor itself (no interpreter start-up: a fork costs about 20 ms under gVisor's ptrace

@@ -20,7 +20,7 @@ async def _labelled(docker_manager: DockerManager, **labels: str) -> list[str]:
 
 
 async def test_stop_removes_every_container(docker_manager: DockerManager) -> None:
-    """After stop(), no container of that manager is left."""
+    """After stop(), no container of that manager is left, warm-pool ones included."""
     manager = SandboxManager(docker_manager)
     await manager.start()
     tools = CodeExecutionTools(sandbox_manager=manager)
@@ -29,7 +29,12 @@ async def test_stop_removes_every_container(docker_manager: DockerManager) -> No
         for lang in ("python", "shell")
     ]
     assert all(r["success"] for r in ids)
-    assert len(await _labelled(docker_manager, **{"harombe.manager": manager.manager_id})) == 2
+    await manager.wait_pool_settled()  # the warm pool filled behind the two cold starts
+    mine = {"harombe.manager": manager.manager_id}
+    everything = await _labelled(docker_manager, **mine)
+    pooled = await _labelled(docker_manager, **mine, **{"harombe.pooled": "1"})
+    assert len(pooled) == 2 * manager.sandbox_config.pool.size  # python and shell pools
+    assert len(everything) == len(pooled) + 2
     await manager.stop()
     assert await _labelled(docker_manager, **{"harombe.manager": manager.manager_id}) == []
 

@@ -17,7 +17,7 @@ from harombe.errors import (
     SandboxNotFoundError,
 )
 from harombe.images import debian_mirror
-from harombe.security import supervisor
+from harombe.security import supervisor_files
 from harombe.security.channel import FrameDecoder, encode
 from harombe.security.docker_manager import translate
 from harombe.security.sandbox import argv_for, check_sandbox_id, container_spec, new_sandbox_id
@@ -155,10 +155,10 @@ def test_supervisor_resolve_refuses_symlink_escapes(tmp_path: Path) -> None:
     (root / "out").symlink_to("/etc")
     (root / "in").symlink_to(root / "inner")
     (root / "rel").symlink_to("../")
-    assert supervisor.resolve(str(root), "in/x") == str(root / "inner" / "x")
+    assert supervisor_files.resolve(str(root), "in/x") == str(root / "inner" / "x")
     for bad in ("out/passwd", "rel/x", "/etc/passwd", "a\x00"):
-        with pytest.raises(supervisor.Refused):
-            supervisor.resolve(str(root), bad)
+        with pytest.raises(supervisor_files.Refused):
+            supervisor_files.resolve(str(root), bad)
 
 
 def test_debian_mirror_comes_from_apt_sources(tmp_path: Path) -> None:

@@ -1,0 +1,95 @@
+"""Package installs: downloaded on the host, copied in, installed offline inside the sandbox.
+
+The sandbox never gets network for an install. The host downloads with this machine's own pip
+(wheels only, for the sandbox's Python, CPU and glibc) or npm (``--ignore-scripts``), so no
+package code runs on the host; the files are unpacked inside the sandbox and installed there.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from harombe.errors import UsageError
+from harombe.security import packages
+from harombe.security.sandbox import HOME, ExecutionResult
+
+if TYPE_CHECKING:
+    from harombe.security.sandbox import Sandbox
+
+INSTALL_TIMEOUT_S = 600.0
+
+
+class PackageInstalls:
+    """Mixin for :class:`~harombe.security.sandbox_manager.SandboxManager`."""
+
+    # Provided by SandboxManager (get, _run) and FileOps (_untar).
+    get: Callable[[str], Sandbox]
+    _untar: Callable[..., Awaitable[None]]
+    _run: Callable[..., Awaitable[ExecutionResult]]
+
+    async def install_package(
+        self, sandbox_id: str, package: str, registry: str = "pypi"
+    ) -> ExecutionResult:
+        """Install a registry package into the sandbox, which stays offline throughout."""
+        spec = packages.parse_spec(package, registry)
+        box = self.get(sandbox_id)
+        need = "python3" if spec.registry == "pypi" else "node"
+        if not box.has(need):
+            raise UsageError(f"{spec.registry} packages need {need}, which image {box.image} lacks")
+        info = box.info
+        async with box.lock:
+            if spec.registry == "npm":
+                started = time.perf_counter()
+                archive, npm_output = await packages.fetch_npm(spec)
+                await self._untar(box, archive, root=f"{HOME}/node_modules")
+                return self._install_result(box, npm_output, time.perf_counter() - started)
+            libc = info.get("libc") or ["glibc", "2.17"]
+            archive = await packages.fetch_pypi(
+                spec,
+                python=str(info.get("python", "3")),
+                machine=str(info.get("machine")),
+                glibc=str(libc[1] or "2.17"),
+            )
+            wheels = "/tmp/harombe-wheels"
+            await self._untar(box, archive, root=wheels)
+            argv = [
+                "python3",
+                "-m",
+                "pip",
+                "install",
+                "--user",
+                "--no-index",
+                "--find-links",
+                wheels,
+                "--no-warn-script-location",
+                "--no-cache-dir",
+                "--",
+                spec.text,
+            ]
+            result = await self._run(
+                box,
+                argv,
+                b"",
+                language="shell",
+                timeout_s=INSTALL_TIMEOUT_S,
+                extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
+            )
+            if result.status != "lost":
+                await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
+            return result
+
+    def _install_result(self, box: Sandbox, output: str, elapsed_s: float) -> ExecutionResult:
+        return ExecutionResult(
+            success=True,
+            sandbox_id=box.sandbox_id,
+            stdout=output,
+            stderr="",
+            exit_code=0,
+            execution_time=round(elapsed_s, 6),
+            error=None,
+            status="ok",
+            language="javascript",
+            runtime=box.runtime,
+        )

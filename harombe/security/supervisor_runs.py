@@ -1,0 +1,219 @@
+"""Fresh-process runs for the in-sandbox supervisor (standard library only).
+
+Part of the supervisor's source (see ``supervisor_sessions.py``): :class:`Output` captures a
+run's stdout and stderr (capped in bytes, streamed if asked) and :class:`Run` supervises one
+child process and everything it starts. Helpers such as ``send``, ``child_setup`` and
+``kill_all_others`` come from ``supervisor.py``.
+"""
+
+import os
+import selectors
+import signal
+import time
+
+
+class Output:
+    """The captured stdout/stderr of one run: capped in bytes, streamed if asked."""
+
+    def __init__(self, rid, cap, stream):
+        self.rid = rid
+        self.cap = cap
+        self.stream = stream
+        self.out = {"stdout": bytearray(), "stderr": bytearray()}
+        self.total = {"stdout": 0, "stderr": 0}
+
+    def feed(self, name, data):
+        self.total[name] += len(data)
+        buf = self.out[name]
+        room = self.cap - len(buf)
+        if room > 0:  # beyond the cap the bytes are read and dropped: memory stays bounded
+            kept = data[:room]
+            buf += kept
+            if self.stream:
+                send({"op": "out", "id": self.rid, "stream": name}, bytes(kept))
+
+    def fields(self):
+        out, err = bytes(self.out["stdout"]), bytes(self.out["stderr"])
+        return {
+            "stdout_len": len(out),
+            "stderr_len": len(err),
+            "stdout_total": self.total["stdout"],
+            "stderr_total": self.total["stderr"],
+        }, out + err
+
+
+class Run:
+    """One supervised child process and everything it started."""
+
+    def __init__(self, rid, msg, stdin_data, sel):
+        self.rid = rid
+        self.sel = sel
+        self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
+        self.max_rss = int(msg["max_memory_mb"]) * 1048576
+        self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
+        self.grace_s = float(msg.get("grace_s", 2.0))
+        self.started = time.monotonic()
+        self.deadline = self.started + float(msg["timeout_s"])
+        self.kill_at = None
+        self.status = None  # set when we decide to stop it: timeout, oom, cancelled
+        self.exit_code = None
+        self.term_signal = None
+        self.cpu_s = 0.0
+        self.peak_rss = 0
+        # /proc/meminfo costs most of a millisecond here; short runs never need it.
+        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
+        self.open_streams = set()
+        self.stdin_view = memoryview(stdin_data)
+        self.stdin_fd = None
+        self.drain_deadline = None
+        self.pid = self._spawn(msg)
+
+    def _spawn(self, msg):
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        exec_r, exec_w = os.pipe()
+        argv = [str(a) for a in msg["argv"]]
+        env = {str(k): str(v) for k, v in msg.get("env", {}).items()}
+        cwd = msg.get("cwd", "/workspace")
+        nproc = int(msg.get("max_pids", 128))
+        pid = os.fork()
+        if pid == 0:  # child: never returns
+            try:
+                child_setup(nproc)
+                os.dup2(in_r, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                os.chdir(cwd)
+                os.execvpe(argv[0], argv, env)
+            except BaseException as exc:  # report why exec failed, then die
+                try:
+                    os.write(exec_w, ("%s: %s" % (type(exc).__name__, exc)).encode())
+                finally:
+                    os._exit(127)
+        for fd in (in_r, out_w, err_w, exec_w):
+            os.close(fd)
+        failure = b""
+        while True:
+            chunk = os.read(exec_r, 4096)
+            if not chunk:
+                break
+            failure += chunk
+        os.close(exec_r)
+        if failure:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            os.waitpid(pid, 0)
+            raise Refused("ExecFailed", "could not start %s: %s" % (argv[0], failure.decode()))
+        for fd, name in ((out_r, "stdout"), (err_r, "stderr")):
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ, (self, name))
+            self.open_streams.add(fd)
+        os.set_blocking(in_w, False)
+        self.stdin_fd = in_w
+        if self.stdin_view:
+            self.sel.register(in_w, selectors.EVENT_WRITE, (self, "stdin"))
+        else:
+            self._close_stdin()
+        return pid
+
+    def _close_stdin(self):
+        if self.stdin_fd is not None:
+            try:
+                self.sel.unregister(self.stdin_fd)
+            except (KeyError, ValueError):
+                pass
+            os.close(self.stdin_fd)
+            self.stdin_fd = None
+
+    def on_io(self, fd, name):
+        if name == "stdin":
+            try:
+                n = os.write(fd, self.stdin_view[:CHUNK])
+                self.stdin_view = self.stdin_view[n:]
+            except BlockingIOError:
+                return
+            except OSError:  # the child closed its stdin or exited
+                self.stdin_view = memoryview(b"")
+            if not self.stdin_view:
+                self._close_stdin()
+            return
+        try:
+            data = os.read(fd, CHUNK)
+        except BlockingIOError:
+            return
+        if not data:
+            self.sel.unregister(fd)
+            os.close(fd)
+            self.open_streams.discard(fd)
+            return
+        self.output.feed(name, data)
+
+    def stop(self, status, now):
+        """Begin stopping: SIGTERM the session now, SIGKILL everything after the grace."""
+        if self.status is None:
+            self.status = status
+        if self.kill_at is None:
+            try:
+                os.killpg(self.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.kill_at = now + self.grace_s
+
+    def tick(self, now):
+        if self.exit_code is not None and self.open_streams:
+            # Processes forked while the sweep ran escape it and keep the pipes open: sweep
+            # again until they are gone; give up on the pipes after a while rather than hang.
+            kill_all_others()
+            if self.drain_deadline is None:
+                self.drain_deadline = now + DRAIN_S
+            elif now >= self.drain_deadline:
+                for fd in list(self.open_streams):
+                    self.sel.unregister(fd)
+                    os.close(fd)
+                self.open_streams.clear()
+        if self.exit_code is None:
+            if self.status is None and now >= self.deadline:
+                self.stop("timeout", now)
+            if self.kill_at is not None and now >= self.kill_at:
+                kill_all_others()
+            if now >= self.next_mem_check:
+                self.next_mem_check = now + POLL_S
+                rss = self.memory_probe()
+                self.peak_rss = max(self.peak_rss, rss)
+                if rss > self.max_rss and self.status is None:
+                    self.status = "oom"
+                    kill_all_others()
+
+    def reaped(self, status, rusage):
+        self.cpu_s = rusage.ru_utime + rusage.ru_stime
+        self.peak_rss = max(self.peak_rss, rusage.ru_maxrss * 1024)
+        if os.WIFSIGNALED(status):
+            self.term_signal = os.WTERMSIG(status)
+            self.exit_code = 128 + self.term_signal
+        else:
+            self.exit_code = os.WEXITSTATUS(status)
+        # Nothing a run starts may outlive it; this also closes every inherited pipe end.
+        kill_all_others()
+        self._close_stdin()
+
+    def finished(self):
+        return self.exit_code is not None and not self.open_streams
+
+    def report(self):
+        status = self.status
+        if status is None:
+            status = "ok" if self.exit_code == 0 else "error"
+        fields, blob = self.output.fields()
+        msg = {
+            "op": "done",
+            "id": self.rid,
+            "status": status,
+            "exit_code": self.exit_code,
+            "signal": self.term_signal,
+            **fields,
+            "duration_s": round(time.monotonic() - self.started, 6),
+            "cpu_s": round(self.cpu_s, 6),
+            "peak_memory_mb": round(self.peak_rss / 1048576, 2),
+        }
+        send(msg, blob)
