@@ -33,12 +33,16 @@ OVERHEAD_MB = 192
 HOST_PIDS_PER_GUEST_PID = 24
 HOST_PIDS_BASE = 1024
 _HERE = Path(__file__).parent
-# One program, two files: the session support is read first so its classes exist when the
-# supervisor's main() (at the end of supervisor.py) starts serving.
+# One program in five files, joined in this order (see supervisor.py's docstring); main() at
+# the end of supervisor.py runs once every part is defined.
 SUPERVISOR_SOURCE = "\n\n".join(
     (_HERE / name).read_text(encoding="utf-8")
     for name in (
-        "supervisor_sessions.py", "supervisor_files.py", "supervisor_runs.py", "supervisor.py"
+        "supervisor_io.py",
+        "supervisor_sessions.py",
+        "supervisor_files.py",
+        "supervisor_runs.py",
+        "supervisor.py",
     )
 )
 JS_WORKER_SOURCE = (_HERE / "jsworker.js").read_text(encoding="utf-8")
@@ -104,7 +108,11 @@ def container_spec(
         # ``config.user`` with none, cannot signal, trace or impersonate it.
         "user": "0:0",
         "working_dir": WORKSPACE,
-        "environment": {"LANG": "C.UTF-8", "HAROMBE_RUN_AS": config.user},
+        "environment": {
+            "LANG": "C.UTF-8",
+            "HAROMBE_RUN_AS": config.user,
+            "HAROMBE_RUNTIME": config.runtime,
+        },
         "labels": {
             LABEL_MANAGED: "1",
             LABEL_SANDBOX: sandbox_id,

@@ -7,7 +7,6 @@ child process and everything it starts. Helpers such as ``send``, ``child_setup`
 """
 
 import os
-import selectors
 import signal
 import time
 
@@ -107,12 +106,12 @@ class Run:
             raise Refused("ExecFailed", "could not start %s: %s" % (argv[0], failure.decode()))
         for fd, name in ((out_r, "stdout"), (err_r, "stderr")):
             os.set_blocking(fd, False)
-            self.sel.register(fd, selectors.EVENT_READ, (self, name))
+            self.sel.register(fd, EVENT_READ, (self, name))
             self.open_streams.add(fd)
         os.set_blocking(in_w, False)
         self.stdin_fd = in_w
         if self.stdin_view:
-            self.sel.register(in_w, selectors.EVENT_WRITE, (self, "stdin"))
+            self.sel.register(in_w, EVENT_WRITE, (self, "stdin"))
         else:
             self._close_stdin()
         return pid

@@ -18,9 +18,7 @@ interpreter does not come back within the grace period it is killed and the resu
 killed when the call ends, as for fresh runs.
 """
 
-import json
 import os
-import selectors
 import signal
 import struct
 import sys
@@ -52,11 +50,11 @@ def read_frame(fd):
     body = exactly(jlen + blen)
     if body is None:
         return None
-    return json.loads(body[:jlen]), body[jlen:]
+    return loads(body[:jlen]), body[jlen:]
 
 
 def write_frame(fd, msg, blob=b""):
-    data = json.dumps(msg, separators=(",", ":")).encode()
+    data = dumps(msg)
     view = memoryview(struct.pack(">II", len(data), len(blob)) + data + blob)
     while view:
         view = view[os.write(fd, view) :]
@@ -64,19 +62,23 @@ def write_frame(fd, msg, blob=b""):
 
 def serve_python():
     """The Python worker's loop, in a child forked from the supervisor; never returns."""
-    import ast
+    # Only modules that are cheap to import: every import here is paid by the first call on
+    # a cold sandbox. ``_ast`` is the C half of ``ast``; traceback printing is imported when
+    # an exception needs it.
+    import _ast
     import builtins
+    import gc
     import io
-    import linecache
     import resource
-    import site
-    import traceback
 
-    sys.path[:] = [""] + [p for p in sys.path if p]
-    try:
-        site.addsitedir(site.getusersitepackages())  # packages from code_install_package
-    except Exception:
-        pass
+    # Where code_install_package puts Python packages (pip --user); on the path even before it
+    # exists, so packages installed after this interpreter started are found.
+    user_site = "%s/.local/lib/python%d.%d/site-packages" % (
+        os.environ.get("HOME", "/home/sandbox"),
+        sys.version_info[0],
+        sys.version_info[1],
+    )
+    sys.path[:] = [""] + [p for p in sys.path if p] + [user_site]
 
     def leave(code=None):
         raise SystemExit(code)
@@ -97,9 +99,6 @@ def serve_python():
     cell = 0
     # Everything alive now is the supervisor's and ours: keep the collector off those pages so
     # processes that user code forks share them instead of copying them.
-    import gc
-
-    gc.collect()
     gc.freeze()
     while True:
         frame = read_frame(3)
@@ -110,16 +109,15 @@ def serve_python():
         cell += 1
         name = "<cell %d>" % cell
         code = blob.decode("utf-8", "surrogateescape")
-        linecache.cache[name] = (len(code), None, code.splitlines(True), name)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu0 = usage.ru_utime + usage.ru_stime + kids.ru_utime + kids.ru_stime
         exit_code, result = 0, None
         try:
-            tree = ast.parse(code, name, "exec")
+            tree = compile(code, name, "exec", _ast.PyCF_ONLY_AST)
             last = None
-            if tree.body and isinstance(tree.body[-1], ast.Expr):
-                last = ast.Expression(tree.body.pop().value)
+            if tree.body and isinstance(tree.body[-1], _ast.Expr):
+                last = _ast.Expression(tree.body.pop().value)
             exec(compile(tree, name, "exec"), namespace)
             if last is not None:
                 value = eval(compile(last, name, "eval"), namespace)
@@ -133,6 +131,10 @@ def serve_python():
                 print(exc.code, file=sys.stderr)
                 exit_code = 1
         except BaseException as exc:  # the user's exception, printed as Python would
+            import linecache
+            import traceback
+
+            linecache.cache[name] = (len(code), None, code.splitlines(True), name)
             tb = exc.__traceback__
             while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
                 tb = tb.tb_next  # drop the worker's own frames
@@ -179,7 +181,11 @@ class Worker:
                 os.chdir(msg.get("cwd", "/workspace"))
                 os.environ.clear()
                 os.environ.update(env)
-                set_dumpable(1)  # the user's own process: /proc/self is theirs to read
+                # The user's own process: /proc/self must be theirs to read. Linux clears the
+                # dumpable flag on setuid and so does hardening; gVisor keeps it, and setting
+                # it again would cost the cold path a ctypes import.
+                if "ctypes" in sys.modules or not GVISOR:
+                    set_dumpable(1)
                 if self.language == "python":
                     serve_python()
                 argv = ["node", "-e", msg["worker_source"]]
@@ -199,7 +205,7 @@ class Worker:
         self.fds = {fds["rep"][0]: "ctl", fds["out"][0]: "stdout", fds["err"][0]: "stderr"}
         for fd, name in self.fds.items():
             os.set_blocking(fd, False)
-            sel.register(fd, selectors.EVENT_READ, (self, name))
+            sel.register(fd, EVENT_READ, (self, name))
         os.set_blocking(self.req_fd, False)
 
     @property
@@ -207,7 +213,7 @@ class Worker:
         return self.exit_status is None
 
     def submit(self, request, code):
-        data = json.dumps(request, separators=(",", ":")).encode()
+        data = dumps(request)
         self.pending = struct.pack(">II", len(data), len(code)) + data + code
         self.flush_request()
 
@@ -219,7 +225,7 @@ class Worker:
             pass
         except OSError:  # the worker is gone; its death is reported through SIGCHLD
             self.pending = b""
-        wanted = selectors.EVENT_WRITE if self.pending else 0
+        wanted = EVENT_WRITE if self.pending else 0
         try:
             if wanted:
                 self.sel.register(self.req_fd, wanted, (self, "req"))
@@ -250,7 +256,7 @@ class Worker:
                 end = HEADER.size + jlen + blen
                 if len(self.replies) < end:
                     break
-                reply = json.loads(bytes(self.replies[HEADER.size : HEADER.size + jlen]))
+                reply = loads(bytes(self.replies[HEADER.size : HEADER.size + jlen]))
                 del self.replies[:end]
                 if self.run is not None:
                     self.run.replied(reply)

@@ -51,7 +51,11 @@ def test_spec_carries_every_isolation_default() -> None:
     assert spec["mem_limit"] == spec["memswap_limit"]  # no swap
     assert spec["tmpfs"]["/workspace"].startswith("size=1024m,")
     assert "volumes" not in spec and "mounts" not in spec  # no host mounts
-    assert spec["environment"] == {"LANG": "C.UTF-8", "HAROMBE_RUN_AS": "1000:1000"}
+    assert spec["environment"] == {
+        "LANG": "C.UTF-8",
+        "HAROMBE_RUN_AS": "1000:1000",
+        "HAROMBE_RUNTIME": "runsc",
+    }
     assert spec["labels"]["harombe.managed"] == "1"
     assert spec["labels"]["harombe.sandbox"] == "sandbox-0123456789ab"
     assert spec["log_config"]["type"] == "none"
