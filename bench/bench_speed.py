@@ -95,6 +95,7 @@ async def main(runs: int, seconds: float) -> None:
         await warm.wait_pool_settled()
         sid = (await tools.code_execute(language="python", code="pass"))["sandbox_id"]
         box = warm.get(sid)
+        await warm.wait_pool_settled()  # the refill this claim started would compete for CPU
         for _ in range(runs * 10):
             t = time.perf_counter()
             result = await tools.code_execute(language="python", code="print(1)", sandbox_id=sid)
@@ -124,6 +125,7 @@ async def main(runs: int, seconds: float) -> None:
             (await tools.code_execute(language="python", code="pass"))["sandbox_id"]
             for _ in range(8)
         ]
+        await warm.wait_pool_settled()
         per_s = await throughput(tools, sandboxes, seconds)
     finally:
         await warm.stop()

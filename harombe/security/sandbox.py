@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import secrets
 import time
@@ -35,7 +36,10 @@ HOST_PIDS_BASE = 1024
 _HERE = Path(__file__).parent
 # One program in five files, joined in this order (see supervisor.py's docstring); main() at
 # the end of supervisor.py runs once every part is defined.
-SUPERVISOR_SOURCE = "\n\n".join(
+PY_WORKER_SOURCE = "\n\n".join(
+    (_HERE / name).read_text(encoding="utf-8") for name in ("supervisor_io.py", "pyworker.py")
+)
+SUPERVISOR_SOURCE = f"PY_WORKER_SOURCE = {PY_WORKER_SOURCE!r}\n\n" + "\n\n".join(
     (_HERE / name).read_text(encoding="utf-8")
     for name in (
         "supervisor_io.py",
@@ -112,6 +116,17 @@ def container_spec(
             "LANG": "C.UTF-8",
             "HAROMBE_RUN_AS": config.user,
             "HAROMBE_RUNTIME": config.runtime,
+            # The Python session interpreter starts with the supervisor (no worker source
+            # needed); it gets exactly the environment every run gets.
+            **(
+                {
+                    "HAROMBE_PREWARM": "python",
+                    "HAROMBE_USER_ENV": json.dumps(RUN_ENV),
+                    "HAROMBE_MAX_PIDS": str(limits.max_pids),
+                }
+                if config.stateful and language == "python"
+                else {}
+            ),
         },
         "labels": {
             LABEL_MANAGED: "1",

@@ -41,6 +41,7 @@ POLL_S = 0.05
 DRAIN_S = 5.0
 FIRST_MEMORY_CHECK_S = 0.02
 HARDEN_IDLE_S = 1.0
+REAP_FALLBACK_S = 0.5
 TRUNCATED = b"\n[OUTPUT TRUNCATED]\n"
 
 
@@ -215,7 +216,8 @@ def hello():
 
 
 def main():
-    hardened = served = False
+    hardened = served = reap = False
+    next_reap = 0.0
     sel = Selector()
     os.set_blocking(0, False)
     sel.register(0, EVENT_READ, None)
@@ -228,11 +230,28 @@ def main():
     inbox = bytearray()
     run = None
     workers = {}  # language -> Worker (supervisor_sessions.py)
+    prewarm = os.environ.get("HAROMBE_PREWARM", "")
+    if prewarm in SESSION_LANGUAGES:
+        # Started before the hello, so the interpreter boots while the host is still waiting
+        # for us and sending its first request: on two cores the boot costs the call nothing.
+        try:
+            workers[prewarm] = Worker(
+                {
+                    "language": prewarm,
+                    "env": loads(os.environ.get("HAROMBE_USER_ENV", "{}")),
+                    "max_pids": int(os.environ.get("HAROMBE_MAX_PIDS", "128")),
+                    "cwd": "/workspace",
+                },
+                sel,
+            )
+        except Exception as exc:  # the first run will try again and report why
+            sys.stderr.write("harombe-supervisor: prewarm failed: %r\n" % (exc,))
     send(hello())
     while True:
         events = sel.select(POLL_S if run else None if hardened else HARDEN_IDLE_S)
         for key, _ in events:
             if key.data == "wake":
+                reap = True  # a signal arrived: SIGCHLD, most likely
                 try:
                     os.read(wake_r, 4096)
                 except BlockingIOError:
@@ -257,13 +276,19 @@ def main():
             blob = bytes(inbox[HEADER.size + jlen : HEADER.size + jlen + blen])
             del inbox[: HEADER.size + jlen + blen]
             run = handle(msg, blob, run, sel, workers)
-        # Reap every exited process (we are init: orphans land here too).
-        while True:
+        # Reap every exited process (we are init: orphans land here too). Only after SIGCHLD
+        # woke us, or now and then as a fallback: a wait4 per loop is a syscall per loop.
+        now = time.monotonic()
+        if now >= next_reap:
+            reap, next_reap = True, now + REAP_FALLBACK_S
+        while reap:
             try:
                 pid, status, rusage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
+                reap = False
                 break
             if pid == 0:
+                reap = False
                 break
             worker = next((w for w in workers.values() if w.pid == pid), None)
             if worker is not None:

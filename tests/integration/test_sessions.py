@@ -76,11 +76,11 @@ async def test_timeout_that_must_kill_reports_state_lost(
     await run(tools, fresh_sandbox, "python", "kept = 7")
     stubborn = (
         "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-        "print('stubborn', flush=True)\ntime.sleep(60)"
+        "print('stubborn')\ntime.sleep(60)"
     )
     result = await run(tools, fresh_sandbox, "python", stubborn, timeout=1)
     assert result["status"] == "timeout" and result["state_lost"] is True
-    assert result["stdout"] == "stubborn\n", "partial output is kept"
+    assert result["stdout"] == "stubborn\n", "partial output is kept, even unflushed"
     after = await run(tools, fresh_sandbox, "python", "'kept' in globals()")
     assert after["result"] == "False" and after["state_lost"] is False
     assert after["sandbox_id"] == fresh_sandbox
@@ -184,3 +184,17 @@ async def test_leaving_a_stream_cancels_the_run(
     await stream.aclose()  # type: ignore[attr-defined]
     after = await run(tools, fresh_sandbox, "python", "'alive'")
     assert after.get("result") == "'alive'", after
+
+
+async def test_large_and_mixed_output_arrives_whole_and_in_order(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """Output beyond the in-memory buffer, and output of child processes, arrive in order."""
+    code = (
+        "import subprocess\nprint('start')\nsubprocess.run(['echo', 'child'])\n"
+        "for i in range(20000):\n    print(i)\nprint('end')"
+    )
+    result = await run(tools, fresh_sandbox, "python", code)
+    lines = result["stdout"].splitlines()
+    assert lines[0] == "start" and lines[-1] == "end" and "child" in lines
+    assert [int(x) for x in lines if x.isdigit()] == list(range(20000))

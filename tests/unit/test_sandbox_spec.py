@@ -1,5 +1,6 @@
 """Container spec, ids, framing and result decoding: pure pieces of the sandbox core."""
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -20,7 +21,13 @@ from harombe.images import debian_mirror
 from harombe.security import supervisor_files
 from harombe.security.channel import FrameDecoder, encode
 from harombe.security.docker_manager import translate
-from harombe.security.sandbox import argv_for, check_sandbox_id, container_spec, new_sandbox_id
+from harombe.security.sandbox import (
+    RUN_ENV,
+    argv_for,
+    check_sandbox_id,
+    container_spec,
+    new_sandbox_id,
+)
 from harombe.security.sandbox_manager import _decode, owner_is_gone
 
 
@@ -51,11 +58,14 @@ def test_spec_carries_every_isolation_default() -> None:
     assert spec["mem_limit"] == spec["memswap_limit"]  # no swap
     assert spec["tmpfs"]["/workspace"].startswith("size=1024m,")
     assert "volumes" not in spec and "mounts" not in spec  # no host mounts
-    assert spec["environment"] == {
-        "LANG": "C.UTF-8",
-        "HAROMBE_RUN_AS": "1000:1000",
-        "HAROMBE_RUNTIME": "runsc",
-    }
+    # Only what the supervisor needs, never the host's environment; the user environment is
+    # harombe's own RUN_ENV.
+    env = spec["environment"]
+    assert env["HAROMBE_RUN_AS"] == "1000:1000" and env["HAROMBE_RUNTIME"] == "runsc"
+    assert env["HAROMBE_PREWARM"] == "python" and env["HAROMBE_MAX_PIDS"] == "64"
+    assert json.loads(env["HAROMBE_USER_ENV"]) == RUN_ENV
+    assert set(env) == {"LANG", "HAROMBE_RUN_AS", "HAROMBE_RUNTIME", "HAROMBE_PREWARM",
+                        "HAROMBE_USER_ENV", "HAROMBE_MAX_PIDS"}  # fmt: skip
     assert spec["labels"]["harombe.managed"] == "1"
     assert spec["labels"]["harombe.sandbox"] == "sandbox-0123456789ab"
     assert spec["log_config"]["type"] == "none"
