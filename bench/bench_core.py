@@ -2,9 +2,9 @@
 
     python bench/bench_core.py [--runs N]
 
-Prints p50 / p95 of: sandbox cold create (harombe) vs ``docker run --runtime=runsc`` of the same
-image; ``code_execute('print(1)')`` on an existing sandbox vs ``docker exec <same container>
-python3 -c 'print(1)'``; and the ratios.
+Prints p50 / p95 of: sandbox cold create with the warm pool off (harombe: create, attach,
+start, supervisor ready) vs ``docker run --runtime=runsc`` of the same image running ``true``,
+and file operations through the supervisor. Execution speed is ``bench_speed.py``'s.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import time
 
 import structlog
 
+from harombe.config import load_config, parse_config
 from harombe.security.docker_manager import DockerManager
 from harombe.security.sandbox_manager import SandboxManager
 
@@ -47,10 +48,13 @@ async def main(runs: int) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     docker_manager = DockerManager()
     await docker_manager.start()
-    manager = SandboxManager(docker_manager)
+    # Pool off: this measures a cold start (bench_speed.py measures the pool).
+    data = load_config(environ={}).model_dump()
+    data["security"]["sandbox"]["pool"]["size"] = 0
+    manager = SandboxManager(docker_manager, config=parse_config(data))
     await manager.start()
     image = manager.sandbox_config.image_for("python")
-    create, raw_run, execute, raw_exec, files = [], [], [], [], []
+    create, raw_run, files = [], [], []
     try:
         for _ in range(runs):
             t = time.perf_counter()
@@ -65,28 +69,17 @@ async def main(runs: int) -> None:
         box = await manager.create_sandbox("python")
         for _ in range(runs * 3):
             t = time.perf_counter()
-            result = await manager.execute(box.sandbox_id, "print(1)")
-            execute.append(time.perf_counter() - t)
-            assert result.stdout == "1\n", result
-            t = time.perf_counter()
             await manager.write_file(box.sandbox_id, "f.txt", "x" * 1024)
             await manager.read_file(box.sandbox_id, "f.txt")
             files.append((time.perf_counter() - t) / 2)
-            raw_exec.append(
-                await timed("docker", "exec", box.container_id, "python3", "-c", "print(1)")
-            )
     finally:
         await manager.stop()
         await docker_manager.stop()
     print(row("sandbox cold create (harombe)", create))
     print(row("docker run --runtime=runsc (raw, cold)", raw_run))
-    print(row("code_execute print(1), existing sandbox", execute))
-    print(row("docker exec python3 -c print(1) (raw)", raw_exec))
     print(row("file write or read (1 KiB), per operation", files))
     create_ratio = statistics.median(create) / statistics.median(raw_run)
-    exec_ratio = statistics.median(raw_exec) / statistics.median(execute)
     print(f"ratio create / raw run  (p50): {create_ratio:.2f}x")
-    print(f"speed-up exec vs docker exec (p50): {exec_ratio:.2f}x")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,14 @@ step "registering gVisor runtimes with Docker (runsc, runsc-net)"
 changed=$($SUDO python3 scripts/docker_runtimes.py "$(command -v runsc)")
 echo "daemon.json: $changed"
 
+step "host limits for many sandboxes"
+# Each idle gVisor sandbox holds ~57 host threads (sentry, gofer, shim); the kernel's default
+# pid_max of 32768 runs out near 550 sandboxes. Raise it when it is lower (best effort).
+if [ "$(cat /proc/sys/kernel/pid_max)" -lt 4194304 ]; then
+  $SUDO sysctl -q -w kernel.pid_max=4194304 || echo "could not raise kernel.pid_max (fine for a few hundred sandboxes)"
+fi
+echo "kernel.pid_max=$(cat /proc/sys/kernel/pid_max)"
+
 step "starting dockerd"
 if ! $SUDO docker info >/dev/null 2>&1; then
   if [ -d /run/systemd/system ]; then
