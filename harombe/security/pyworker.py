@@ -99,6 +99,17 @@ def _spill_before_processes(spill):
     os.register_at_fork(before=spill)
 
 
+def _reap():
+    """Collect exited children, so zombies never count against the process limit."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def serve_python():
     """The worker's loop: run each request's code in one namespace; never returns."""
     # Only modules that are cheap to import: every import here is paid by the first call on
@@ -154,6 +165,7 @@ def serve_python():
         if frame is None:
             os._exit(0)
         request, blob = frame
+        _reap()  # children the last call left were killed by the supervisor: collect them
         sys.stdout = streamed if request.get("stream") else collected
         cell += 1
         name = "<cell %d>" % cell

@@ -186,6 +186,16 @@ class Worker:
         else:
             LOST_BETWEEN_RUNS.add(self.language)
 
+    def spill(self):
+        """Ask a Python worker to send the output it holds in memory down the pipe (SIGUSR1),
+        so it survives a kill. Node writes through and must not get SIGUSR1: to Node it
+        means "open the debugger"."""
+        if self.language == "python":
+            try:
+                os.kill(self.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+
     def kill(self):
         try:
             os.kill(self.pid, signal.SIGKILL)
@@ -248,9 +258,7 @@ class SessionRun:
         if self.kill_at is None:
             kill_all_others()
             try:
-                # SIGUSR1 first: the worker sends output it holds in memory down the pipe, so
-                # it survives even if the worker then has to be killed.
-                os.kill(self.worker.pid, signal.SIGUSR1)
+                self.worker.spill()
                 os.kill(self.worker.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
@@ -270,10 +278,7 @@ class SessionRun:
             if rss > self.max_rss and self.status is None:
                 self.status = "oom"
                 kill_all_others()
-                try:  # spill held output now, die at the next check
-                    os.kill(self.worker.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
+                self.worker.spill()  # held output goes out now; the kill comes next tick
                 self.kill_at = now
 
     def finished(self):

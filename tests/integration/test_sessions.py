@@ -198,3 +198,23 @@ async def test_large_and_mixed_output_arrives_whole_and_in_order(
     lines = result["stdout"].splitlines()
     assert lines[0] == "start" and lines[-1] == "end" and "child" in lines
     assert [int(x) for x in lines if x.isdigit()] == list(range(20000))
+
+
+async def test_cancel_works_against_a_flood_and_busy_children(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """Busy child processes and an output flood do not starve the channel: cancel still works."""
+    code = (
+        "import os\nfor _ in range(4):\n    if os.fork() == 0:\n        while True:\n"
+        "            pass\nwhile True:\n    print('x' * 1000, flush=True)"
+    )
+    stream = tools.code_execute_stream(language="python", code=code, sandbox_id=fresh_sandbox)
+    first = await anext(stream)
+    assert first["type"] == "stdout" and first["text"].startswith("x")
+    await stream.aclose()  # type: ignore[attr-defined]
+    count = "ps -e -o stat=,comm= | grep -v '^Z' | grep -c python3"
+    after = await run(tools, fresh_sandbox, "shell", count)
+    assert after["stdout"] == "2\n", after  # the supervisor and the (interrupted) session
+    await run(tools, fresh_sandbox, "python", "1")  # the session collects its dead children
+    zombies = await run(tools, fresh_sandbox, "shell", "ps -e -o stat= | grep -c '^Z' || true")
+    assert zombies["stdout"] == "0\n"
