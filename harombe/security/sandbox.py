@@ -43,9 +43,9 @@ SUPERVISOR_SOURCE = f"PY_WORKER_SOURCE = {PY_WORKER_SOURCE!r}\n\n" + "\n\n".join
     (_HERE / name).read_text(encoding="utf-8")
     for name in (
         "supervisor_io.py",
-        "supervisor_sessions.py",
         "supervisor_files.py",
         "supervisor_runs.py",
+        "supervisor_sessions.py",
         "supervisor.py",
     )
 )

@@ -3,9 +3,10 @@
 Standard library only, Python >= 3.8. The host passes the supervisor's source as
 ``python3 -I -S -c``, so it lives in the supervisor's memory and nothing in the sandbox can
 rewrite it. That source is five files run as one module, in this order: ``supervisor_io.py``
-(JSON and epoll without costly imports), ``supervisor_sessions.py`` (session interpreters),
-``supervisor_files.py`` (file operations), ``supervisor_runs.py`` (fresh-process runs) and this
-file, whose ``main()`` runs last; names defined in one are used by the others at call time. It talks to the host over the container's
+(JSON and epoll without costly imports), ``supervisor_files.py`` (file operations),
+``supervisor_runs.py`` (fresh-process runs), ``supervisor_sessions.py`` (session interpreters;
+its ``SessionRun`` extends ``supervisor_runs.Supervised``) and this file, whose ``main()`` runs
+last; other names defined in one part are used by the others at call time. It talks to the host over the container's
 attached stdin/stdout in frames::
 
     [u32 json_len][u32 blob_len][json object][blob bytes]        (big-endian lengths)
@@ -314,15 +315,7 @@ def handle(msg, blob, run, sel, workers):
     op, rid = msg.get("op"), msg.get("id")
     if op == "run":
         if run is not None:
-            send(
-                {
-                    "op": "result",
-                    "id": rid,
-                    "ok": False,
-                    "error": "Busy",
-                    "message": "a run is active",
-                }
-            )
+            fail(rid, "Busy", "a run is active")
             return run
         try:
             if msg.get("session") and msg.get("language") in SESSION_LANGUAGES:
@@ -332,7 +325,7 @@ def handle(msg, blob, run, sel, workers):
                 return SessionRun(rid, msg, blob, worker)
             return Run(rid, msg, blob, sel)
         except Refused as exc:
-            send({"op": "result", "id": rid, "ok": False, "error": exc.kind, "message": str(exc)})
+            fail(rid, exc.kind, str(exc))
         return None
     if op == "cancel":
         if run is not None and run.rid == msg.get("target"):
@@ -345,22 +338,14 @@ def handle(msg, blob, run, sel, workers):
                 workers[msg["language"]] = Worker(msg, sel)
             send({"op": "result", "id": rid, "ok": True})
         except Exception as exc:
-            send(
-                {
-                    "op": "result",
-                    "id": rid,
-                    "ok": False,
-                    "error": type(exc).__name__,
-                    "message": str(exc),
-                }
-            )
+            fail(rid, type(exc).__name__, str(exc))
         return run
     if op == "ping":
         send({"op": "result", "id": rid, "ok": True})
         return run
     fn = FILE_OPS.get(op)
     if fn is None:
-        send({"op": "result", "id": rid, "ok": False, "error": "UnknownOp", "message": repr(op)})
+        fail(rid, "UnknownOp", repr(op))
         return run
     try:
         with AsUser():
@@ -368,28 +353,17 @@ def handle(msg, blob, run, sel, workers):
         reply.update({"op": "result", "id": rid, "ok": True})
         send(reply, data)
     except Refused as exc:
-        send({"op": "result", "id": rid, "ok": False, "error": exc.kind, "message": str(exc)})
+        fail(rid, exc.kind, str(exc))
     except OSError as exc:
-        send(
-            {
-                "op": "result",
-                "id": rid,
-                "ok": False,
-                "error": type(exc).__name__,
-                "message": "%s: %s" % (msg.get("path"), exc.strerror),
-            }
-        )
+        fail(rid, type(exc).__name__, "%s: %s" % (msg.get("path"), exc.strerror))
     except ValueError as exc:
-        send(
-            {
-                "op": "result",
-                "id": rid,
-                "ok": False,
-                "error": type(exc).__name__,
-                "message": str(exc),
-            }
-        )
+        fail(rid, type(exc).__name__, str(exc))
     return run
+
+
+def fail(rid, kind, message):
+    """The ``result`` reply of a request that failed."""
+    send({"op": "result", "id": rid, "ok": False, "error": kind, "message": message})
 
 
 if __name__ == "__main__":

@@ -41,26 +41,72 @@ class Output:
         }, out + err
 
 
-class Run:
-    """One supervised child process and everything it started."""
+class Supervised:
+    """What every run has: its output, its limits and clock, and exactly one ``done`` report."""
 
-    def __init__(self, rid, msg, stdin_data, sel):
+    def __init__(self, rid, msg):
         self.rid = rid
-        self.sel = sel
         self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
         self.max_rss = int(msg["max_memory_mb"]) * 1048576
         self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
         self.grace_s = float(msg.get("grace_s", 2.0))
         self.started = time.monotonic()
         self.deadline = self.started + float(msg["timeout_s"])
+        # /proc/meminfo costs most of a millisecond here; short runs never need it.
+        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
         self.kill_at = None
         self.status = None  # set when we decide to stop it: timeout, oom, cancelled
         self.exit_code = None
         self.term_signal = None
         self.cpu_s = 0.0
         self.peak_rss = 0
-        # /proc/meminfo costs most of a millisecond here; short runs never need it.
-        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
+
+    def check_limits(self, now):
+        """The timeout, the kill after the grace, and the memory limit."""
+        if self.status is None and now >= self.deadline:
+            self.stop("timeout", now)
+        if self.kill_at is not None and now >= self.kill_at:
+            self.kill_now()
+        if now >= self.next_mem_check:
+            self.next_mem_check = now + POLL_S
+            rss = self.memory_probe()
+            self.peak_rss = max(self.peak_rss, rss)
+            if rss > self.max_rss and self.status is None:
+                self.status = "oom"
+                self.out_of_memory(now)
+
+    def kill_now(self):
+        kill_all_others()
+
+    def out_of_memory(self, now):
+        kill_all_others()
+
+    def send_done(self, **extra):
+        status = self.status
+        if status is None:
+            status = "ok" if self.exit_code == 0 else "error"
+        fields, blob = self.output.fields()
+        msg = {
+            "op": "done",
+            "id": self.rid,
+            "status": status,
+            "exit_code": self.exit_code,
+            "signal": self.term_signal,
+            **fields,
+            "duration_s": round(time.monotonic() - self.started, 6),
+            "cpu_s": round(self.cpu_s, 6),
+            "peak_memory_mb": round(self.peak_rss / 1048576, 2),
+        }
+        msg.update(extra)
+        send(msg, blob)
+
+
+class Run(Supervised):
+    """One supervised child process and everything it started."""
+
+    def __init__(self, rid, msg, stdin_data, sel):
+        super().__init__(rid, msg)
+        self.sel = sel
         self.open_streams = set()
         self.stdin_view = memoryview(stdin_data)
         self.stdin_fd = None
@@ -172,17 +218,7 @@ class Run:
                     os.close(fd)
                 self.open_streams.clear()
         if self.exit_code is None:
-            if self.status is None and now >= self.deadline:
-                self.stop("timeout", now)
-            if self.kill_at is not None and now >= self.kill_at:
-                kill_all_others()
-            if now >= self.next_mem_check:
-                self.next_mem_check = now + POLL_S
-                rss = self.memory_probe()
-                self.peak_rss = max(self.peak_rss, rss)
-                if rss > self.max_rss and self.status is None:
-                    self.status = "oom"
-                    kill_all_others()
+            self.check_limits(now)
 
     def reaped(self, status, rusage):
         self.cpu_s = rusage.ru_utime + rusage.ru_stime
@@ -200,19 +236,4 @@ class Run:
         return self.exit_code is not None and not self.open_streams
 
     def report(self):
-        status = self.status
-        if status is None:
-            status = "ok" if self.exit_code == 0 else "error"
-        fields, blob = self.output.fields()
-        msg = {
-            "op": "done",
-            "id": self.rid,
-            "status": status,
-            "exit_code": self.exit_code,
-            "signal": self.term_signal,
-            **fields,
-            "duration_s": round(time.monotonic() - self.started, 6),
-            "cpu_s": round(self.cpu_s, 6),
-            "peak_memory_mb": round(self.peak_rss / 1048576, 2),
-        }
-        send(msg, blob)
+        self.send_done()

@@ -1,9 +1,9 @@
 """Stateful sessions for the in-sandbox supervisor: one long-lived interpreter per language.
 
-Standard library only. This file is the first part of the supervisor's source (see
-``supervisor.py``); names such as ``send``, ``Output``, ``child_setup``, ``kill_all_others``,
-``MEMORY_PROBES`` and ``HEADER`` come from the later parts and are looked up when called, not
-when this file is read.
+Standard library only. This file is the fourth part of the supervisor's source (see
+``supervisor.py``). ``Supervised`` comes from ``supervisor_runs.py``; names such as ``send``,
+``child_setup``, ``kill_all_others`` and ``HEADER`` come from the other parts and are looked
+up when called.
 
 A :class:`Worker` is an interpreter that keeps its globals between runs: Python is a fork of
 the supervisor running ``pyworker.py`` (its source is ``PY_WORKER_SOURCE``, which the host puts
@@ -22,7 +22,6 @@ import select
 import signal
 import struct
 import sys
-import time
 
 SESSION_LANGUAGES = ("python", "javascript")
 #: Languages whose interpreter died between runs (``kill -9 -1`` from a shell call, say): the
@@ -203,26 +202,13 @@ class Worker:
             pass
 
 
-class SessionRun:
+class SessionRun(Supervised):
     """One call on a :class:`Worker`; same timers, limits and report as a fresh ``Run``."""
 
     def __init__(self, rid, msg, code, worker):
-        self.rid = rid
+        super().__init__(rid, msg)
         self.worker = worker
-        self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
-        self.max_rss = int(msg["max_memory_mb"]) * 1048576
-        self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
-        self.grace_s = float(msg.get("grace_s", 2.0))
-        self.started = time.monotonic()
-        self.deadline = self.started + float(msg["timeout_s"])
-        self.next_mem_check = self.started + FIRST_MEMORY_CHECK_S
-        self.kill_at = None
-        self.status = None
-        self.exit_code = None
-        self.term_signal = None
         self.result = None
-        self.cpu_s = 0.0
-        self.peak_rss = 0
         self.stdout_tail = b""
         self.state_lost = worker.language in LOST_BETWEEN_RUNS
         LOST_BETWEEN_RUNS.discard(worker.language)
@@ -267,19 +253,15 @@ class SessionRun:
     def tick(self, now):
         if self.exit_code is not None:
             return
-        if self.status is None and now >= self.deadline:
-            self.stop("timeout", now)
-        if self.kill_at is not None and now >= self.kill_at:
-            self.worker.kill()
-        if now >= self.next_mem_check:
-            self.next_mem_check = now + POLL_S
-            rss = self.memory_probe()
-            self.peak_rss = max(self.peak_rss, rss)
-            if rss > self.max_rss and self.status is None:
-                self.status = "oom"
-                kill_all_others()
-                self.worker.spill()  # held output goes out now; the kill comes next tick
-                self.kill_at = now
+        self.check_limits(now)
+
+    def kill_now(self):
+        self.worker.kill()
+
+    def out_of_memory(self, now):
+        kill_all_others()
+        self.worker.spill()  # held output goes out now; the kill comes next tick
+        self.kill_at = now
 
     def finished(self):
         if self.exit_code is None:
@@ -294,23 +276,5 @@ class SessionRun:
         return True
 
     def report(self):
-        status = self.status
-        if status is None:
-            status = "ok" if self.exit_code == 0 else "error"
         self.worker.run = None
-        fields, blob = self.output.fields()
-        msg = {
-            "op": "done",
-            "id": self.rid,
-            "status": status,
-            "exit_code": self.exit_code,
-            "signal": self.term_signal,
-            **fields,
-            "duration_s": round(time.monotonic() - self.started, 6),
-            "cpu_s": round(self.cpu_s, 6),
-            "peak_memory_mb": round(self.peak_rss / 1048576, 2),
-            "result": self.result,
-            "state_lost": self.state_lost,
-            "session": True,
-        }
-        send(msg, blob)
+        self.send_done(result=self.result, state_lost=self.state_lost, session=True)
