@@ -51,11 +51,28 @@ async def demo() -> int:
             if result["stderr"] or result["error"]:
                 print(f"stderr: {result['stderr'].rstrip()}  error: {result['error']}")
             await tools.code_destroy_sandbox(result["sandbox_id"])
+        failures += await _session_demo(tools)
         failures += await _gate_demo(sandbox_manager)
     finally:
         await sandbox_manager.stop()
         await docker_manager.stop()
     return 1 if failures else 0
+
+
+async def _session_demo(tools: Any) -> int:
+    """State kept between calls on one sandbox, and how long a call on it takes."""
+    import time
+
+    first = await tools.code_execute(language="python", code="import math\nx = 41")
+    started = time.perf_counter()
+    second = await tools.code_execute(
+        language="python", code="x + 1", sandbox_id=first["sandbox_id"]
+    )
+    elapsed_ms = (time.perf_counter() - started) * 1000
+    print(f"== python session: `x = 41`, then `x + 1` -> result {second['result']} "
+          f"({elapsed_ms:.1f} ms for the second call)")  # fmt: skip
+    await tools.code_destroy_sandbox(first["sandbox_id"])
+    return int(second["result"] != "42")
 
 
 async def _gate_demo(sandbox_manager: Any) -> int:
