@@ -34,9 +34,11 @@ except ImportError:  # pragma: no cover
     from bench.bench_core import pct, row
 
 
-def config(pool_size: int) -> Any:
+def config(pool_size: int, cpu_cores: float | None) -> Any:
     data = load_config(environ={}).model_dump()
     data["security"]["sandbox"]["pool"].update(size=pool_size, prewarm=["python"])
+    if cpu_cores is not None:
+        data["security"]["sandbox"]["limits"]["max_cpu_cores"] = cpu_cores
     return parse_config(data)
 
 
@@ -52,10 +54,11 @@ async def run_cmd(*argv: str) -> tuple[float, str]:
     return time.perf_counter() - t, out.decode().strip()
 
 
-async def raw_cold_run(image: str) -> float:
+async def raw_cold_run(image: str, cpus: float | None = None) -> float:
+    limit = [f"--cpus={cpus}"] if cpus else []
     elapsed, cid = await run_cmd(
-        "docker", "create", "--runtime=runsc", "--network=none", image, "python3", "-c",
-        "print(1)",
+        "docker", "create", "--runtime=runsc", "--network=none", *limit, image, "python3",
+        "-c", "print(1)",
     )  # fmt: skip
     # create + start -a is what `docker run` does; timed together, removal is not.
     elapsed_start, out = await run_cmd("docker", "start", "-a", cid)
@@ -80,17 +83,18 @@ async def throughput(tools: CodeExecutionTools, sandboxes: list[str], seconds: f
     return count / (time.perf_counter() - started)
 
 
-async def main(runs: int, seconds: float) -> None:
+async def main(runs: int, seconds: float, cpu_cores: float | None) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     docker_manager = DockerManager()
     await docker_manager.start()
-    warm = SandboxManager(docker_manager, config=config(pool_size=2))
-    cold = SandboxManager(docker_manager, config=config(pool_size=0))
+    warm = SandboxManager(docker_manager, config=config(2, cpu_cores))
+    cold = SandboxManager(docker_manager, config=config(0, cpu_cores))
+    cores = cold.limits.max_cpu_cores
     await warm.start()
     await cold.start()
     image = warm.sandbox_config.image_for("python")
     tools, cold_tools = CodeExecutionTools(warm), CodeExecutionTools(cold)
-    existing, docker_exec, new_warm, new_cold, raw_cold = [], [], [], [], []
+    existing, docker_exec, new_warm, new_cold, raw_cold, raw_capped = [], [], [], [], [], []
     try:
         await warm.wait_pool_settled()
         sid = (await tools.code_execute(language="python", code="pass"))["sandbox_id"]
@@ -120,6 +124,7 @@ async def main(runs: int, seconds: float) -> None:
             assert result["stdout"] == "1\n", result
             await cold_tools.code_destroy_sandbox(result["sandbox_id"])
             raw_cold.append(await raw_cold_run(image))
+            raw_capped.append(await raw_cold_run(image, cores))
         await warm.wait_pool_settled()
         sandboxes = [
             (await tools.code_execute(language="python", code="pass"))["sandbox_id"]
@@ -136,6 +141,7 @@ async def main(runs: int, seconds: float) -> None:
     print(row("code_execute print(1), new sandbox, pool warm", new_warm))
     print(row("code_execute print(1), new sandbox, pool empty", new_cold))
     print(row("docker run --runtime=runsc python3 (raw, cold)", raw_cold))
+    print(row(f"the same with --cpus={cores:g} (harombe's CPU limit)", raw_capped))
     p50 = {name: pct(s, 0.5) for name, s in
            (("existing", existing), ("exec", docker_exec), ("warm", new_warm),
             ("cold", new_cold), ("raw", raw_cold))}  # fmt: skip
@@ -145,6 +151,8 @@ async def main(runs: int, seconds: float) -> None:
           "run (target 30x)")  # fmt: skip
     print(f"new sandbox, pool empty: {p50['cold'] / p50['raw']:.2f}x a cold docker run "
           "(target <= 1.1x)")  # fmt: skip
+    print(f"new sandbox, pool empty: {p50['cold'] / pct(raw_capped, 0.5):.2f}x a cold docker "
+          f"run under the same --cpus={cores:g}")  # fmt: skip
     print(f"throughput, 8 concurrent sandboxes: {per_s:.0f} executions/s (aim 300/s)")
 
 
@@ -152,5 +160,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--cpus", type=float, default=None, help="max_cpu_cores for harombe (default: config)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.runs, args.seconds))
+    asyncio.run(main(args.runs, args.seconds, args.cpus))

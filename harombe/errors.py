@@ -16,6 +16,7 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      │    ├── ImageNotFoundError       the sandbox image is not present locally
      │    ├── SandboxStartError        the container started but its supervisor never answered
      │    ├── SandboxLostError         the sandbox died (killed, out of memory, supervisor gone)
+     │    ├── LimitNotAppliedError     a limit could not be set on a running sandbox's cgroup
      │    └── PackageFetchError        the host could not download a package for installation
      ├── SandboxNotFoundError          unknown, destroyed or malformed sandbox id
      └── PolicyError                   refused on purpose; nothing was touched
@@ -70,6 +71,10 @@ class SandboxStartError(InfrastructureError):
 
 class SandboxLostError(InfrastructureError):
     """A sandbox died underneath a call; its state is gone."""
+
+
+class LimitNotAppliedError(InfrastructureError):
+    """A resource limit could not be applied to a running sandbox (its host cgroup)."""
 
 
 class PackageFetchError(InfrastructureError):

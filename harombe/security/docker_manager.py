@@ -30,10 +30,12 @@ from harombe.errors import (
     DockerUnavailableError,
     HarombeError,
     ImageNotFoundError,
+    LimitNotAppliedError,
     RuntimeNotAvailableError,
     SandboxLostError,
     UsageError,
 )
+from harombe.security import cgroups
 
 log = structlog.get_logger(__name__)
 
@@ -239,6 +241,33 @@ class DockerManager:
             what=f"inspecting container {container_id[:12]}",
         )
         return dict(data.get("State") or {})
+
+    async def limit_cpu(self, container_id: str, *, cpu_cores: float) -> None:
+        """Set a running container's CPU quota through its host cgroup (see ``cgroups``)."""
+        pid = int((await self.container_state(container_id)).get("Pid") or 0)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._pool, cgroups.set_cpu_quota, pid, cpu_cores)
+        except (OSError, ValueError) as exc:
+            raise LimitNotAppliedError(
+                f"could not set the CPU quota of container {container_id[:12]} through its "
+                f"cgroup ({exc}); run harombe as root on the Docker host, or it falls back to "
+                "Docker's create-time quota"
+            ) from exc
+
+    async def cpu_limit(self, container_id: str) -> float | None:
+        """The CPU limit of a running container in cores, read from its cgroup."""
+        pid = int((await self.container_state(container_id)).get("Pid") or 0)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, cgroups.read_cpu_quota, pid
+        )
+
+    async def cpu_usage_s(self, container_id: str) -> float:
+        """CPU seconds a running container has used, from its cgroup (sentry included)."""
+        pid = int((await self.container_state(container_id)).get("Pid") or 0)
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, cgroups.read_cpu_usage_s, pid
+        )
 
     async def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
         """Every container (running or not) carrying all of ``labels``."""

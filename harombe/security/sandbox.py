@@ -97,6 +97,7 @@ def container_spec(
     manager_id: str,
     language: Language,
     pooled: bool = False,
+    cpu_at_create: bool = True,
 ) -> dict[str, Any]:
     """Keyword arguments for ``docker containers.create``: every isolation default in one place."""
     limits = config.limits
@@ -146,7 +147,9 @@ def container_spec(
         },
         "mem_limit": f"{backstop_mb}m",
         "memswap_limit": f"{backstop_mb}m",
-        "nano_cpus": int(limits.max_cpu_cores * 1e9),
+        # Normally set on the cgroup once the sandbox is ready (harombe.security.cgroups);
+        # Docker's create-time quota is the fallback.
+        **({"nano_cpus": int(limits.max_cpu_cores * 1e9)} if cpu_at_create else {}),
         "pids_limit": limits.max_pids * HOST_PIDS_PER_GUEST_PID + HOST_PIDS_BASE,
         "cap_drop": ["ALL"],
         "cap_add": ["SETUID", "SETGID", "KILL"],

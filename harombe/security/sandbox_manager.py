@@ -22,6 +22,7 @@ import structlog
 from harombe.config import LANGUAGES, HarombeConfig, Language, load_config, override
 from harombe.errors import (
     InsecureRuntimeError,
+    LimitNotAppliedError,
     RuntimeNotAvailableError,
     SandboxLostError,
     SandboxNotFoundError,
@@ -117,6 +118,7 @@ class SandboxManager(FileOps, PackageInstalls):
         self._sandboxes: dict[str, Sandbox] = {}
         self._replaced: dict[str, str] = {}
         self._started = False
+        self._late_cpu_limit = True  # see harombe.security.cgroups
         self.pool = self._new_pool()
 
     def _new_pool(self) -> WarmPool:
@@ -288,6 +290,7 @@ class SandboxManager(FileOps, PackageInstalls):
             manager_id=self.manager_id,
             language=language,
             pooled=pooled,
+            cpu_at_create=not self._late_cpu_limit,
         )
         container_id = await self.docker.create_container(**spec)
         channel: Channel | None = None
@@ -296,6 +299,23 @@ class SandboxManager(FileOps, PackageInstalls):
             channel = Channel(stdio, sandbox_id=sandbox_id)
             await self.docker.start_container(container_id)
             info = await channel.hello(timeout_s=START_TIMEOUT_S)
+            if self._late_cpu_limit:
+                # The boot ran unthrottled; the quota binds before any code can run here.
+                await self.docker.limit_cpu(container_id, cpu_cores=cfg.limits.max_cpu_cores)
+        except LimitNotAppliedError as exc:
+            if channel is not None:
+                await channel.close()
+            await asyncio.shield(self.docker.remove_container(container_id))
+            if not self._late_cpu_limit:
+                raise
+            log.warning("sandbox.cpu_limit_fallback", reason=str(exc))
+            self._late_cpu_limit = False  # Docker's create-time quota from now on
+            return await self._launch(
+                language,
+                network_enabled=network_enabled,
+                allowed_domains=allowed_domains,
+                pooled=pooled,
+            )
         except BaseException:
             if channel is not None:
                 await channel.close()

@@ -27,7 +27,9 @@ async def test_container_is_configured_with_every_default(
     assert host["CapDrop"] == ["ALL"]
     assert "no-new-privileges:true" in host["SecurityOpt"]
     assert host["Memory"] == host["MemorySwap"] > 0
-    assert host["NanoCpus"] == int(limits.max_cpu_cores * 1e9)
+    # The CPU quota is set on the sandbox's cgroup once it has booted, before any code runs.
+    assert not host["NanoCpus"]
+    assert await sandbox_manager.docker.cpu_limit(box.container_id) == limits.max_cpu_cores
     assert host["Tmpfs"]["/workspace"].startswith(f"size={limits.max_disk_mb}m")
     assert not host.get("Binds") and not attrs["Mounts"]
     assert attrs["Config"]["User"] == "0:0"  # the supervisor; user code runs as 1000
@@ -158,3 +160,18 @@ async def test_files_written_by_the_tools_belong_to_the_user(
         sandbox_id=fresh_sandbox,
     )
     assert result["stdout"].split() == ["1000:1000", "1000:1000", "ok"], result
+
+
+async def test_cpu_quota_binds_user_code(
+    tools: CodeExecutionTools, sandbox_manager: SandboxManager, fresh_sandbox: str
+) -> None:
+    """A busy loop gets about max_cpu_cores of the host's CPU (measured on the host cgroup)."""
+    box = sandbox_manager.get(fresh_sandbox)
+    before = await sandbox_manager.docker.cpu_usage_s(box.container_id)
+    code = "import time\nstart = time.monotonic()\nwhile time.monotonic() - start < 2.0:\n    pass"
+    result = await tools.code_execute(language="python", code=code, sandbox_id=fresh_sandbox)
+    used = await sandbox_manager.docker.cpu_usage_s(box.container_id) - before
+    share = used / result["execution_time"]
+    # The default quota is half a core; an unthrottled busy loop takes a whole one or more.
+    assert sandbox_manager.limits.max_cpu_cores == 0.5
+    assert 0.25 < share < 0.75, share

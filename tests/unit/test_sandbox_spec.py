@@ -53,7 +53,17 @@ def test_spec_carries_every_isolation_default() -> None:
     assert sorted(spec["cap_add"]) == ["KILL", "SETGID", "SETUID"]
     assert spec["security_opt"] == ["no-new-privileges:true"]
     assert spec["user"] == "0:0" and spec["environment"]["HAROMBE_RUN_AS"] == "1000:1000"
-    assert spec["nano_cpus"] == 500_000_000
+    assert spec["nano_cpus"] == 500_000_000  # the fallback; normally set after boot:
+    late = container_spec(
+        "sandbox-0123456789ab",
+        image="img",
+        config=SandboxConfig(),
+        owner="h:1:2",
+        manager_id="m",
+        language="python",
+        cpu_at_create=False,
+    )
+    assert "nano_cpus" not in late
     assert spec["pids_limit"] > 64  # host side: gVisor's own threads count there too
     assert spec["mem_limit"] == spec["memswap_limit"]  # no swap
     assert spec["tmpfs"]["/workspace"].startswith("size=1024m,")
