@@ -49,12 +49,19 @@ def quota_files(version: int, path: str, root: Path = CGROUP_ROOT) -> list[tuple
     raise FileNotFoundError(f"no cgroup v1 cpu hierarchy under {root}")
 
 
-def set_cpu_quota(pid: int, cpu_cores: float) -> None:
-    """Limit the cgroup of host process ``pid`` to ``cpu_cores`` CPUs (raises OSError)."""
+def cgroup_of(pid: int) -> tuple[int, str]:
+    """(version, path) of host process ``pid``'s CPU cgroup."""
     with open(f"/proc/{pid}/cgroup", encoding="ascii") as f:
-        version, path = cpu_cgroup(f.read())
+        return cpu_cgroup(f.read())
+
+
+def set_cpu_quota(version: int, path: str, cpu_cores: float) -> None:
+    """Limit cgroup ``path`` to ``cpu_cores`` CPUs (raises OSError if it cannot)."""
     values = {"quota": max(1000, int(cpu_cores * PERIOD_US)), "period": PERIOD_US}
-    for file, template in quota_files(version, path):
+    files = quota_files(version, path)
+    if not files[-1][0].exists():
+        raise FileNotFoundError(f"no cgroup at {files[-1][0].parent}")
+    for file, template in files:
         with open(file, "w", encoding="ascii") as out:
             out.write(template.format(**values))
 
@@ -89,4 +96,11 @@ def read_cpu_usage_s(pid: int) -> float:
     raise FileNotFoundError(f"no cpuacct.usage for cgroup {path}")
 
 
-__all__ = ["cpu_cgroup", "quota_files", "read_cpu_quota", "read_cpu_usage_s", "set_cpu_quota"]
+__all__ = [
+    "cgroup_of",
+    "cpu_cgroup",
+    "quota_files",
+    "read_cpu_quota",
+    "read_cpu_usage_s",
+    "set_cpu_quota",
+]

@@ -139,6 +139,7 @@ class DockerManager:
         self._max_workers = max_workers
         self._client: docker.DockerClient | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._cgroup_template: tuple[int, str] | None = None  # see limit_cpu
 
     @property
     def started(self) -> bool:
@@ -243,11 +244,30 @@ class DockerManager:
         return dict(data.get("State") or {})
 
     async def limit_cpu(self, container_id: str, *, cpu_cores: float) -> None:
-        """Set a running container's CPU quota through its host cgroup (see ``cgroups``)."""
-        pid = int((await self.container_state(container_id)).get("Pid") or 0)
+        """Set a running container's CPU quota through its host cgroup (see ``cgroups``).
+
+        The cgroup path of the first container is found through its process; later ones
+        reuse its pattern (the container id in it swapped), which saves an inspect call on
+        every cold start, and fall back to the process when that path does not exist.
+        """
         loop = asyncio.get_running_loop()
+        template = self._cgroup_template
         try:
-            await loop.run_in_executor(self._pool, cgroups.set_cpu_quota, pid, cpu_cores)
+            if template is not None:
+                version, pattern = template
+                try:
+                    path = pattern.replace("{id}", container_id)
+                    await loop.run_in_executor(
+                        self._pool, cgroups.set_cpu_quota, version, path, cpu_cores
+                    )
+                    return
+                except OSError:
+                    pass  # another cgroup layout for this one: ask its process
+            pid = int((await self.container_state(container_id)).get("Pid") or 0)
+            version, path = await loop.run_in_executor(self._pool, cgroups.cgroup_of, pid)
+            await loop.run_in_executor(self._pool, cgroups.set_cpu_quota, version, path, cpu_cores)
+            if container_id in path:
+                self._cgroup_template = (version, path.replace(container_id, "{id}"))
         except (OSError, ValueError) as exc:
             raise LimitNotAppliedError(
                 f"could not set the CPU quota of container {container_id[:12]} through its "
