@@ -166,6 +166,10 @@ def serve_python():
             os._exit(0)
         request, blob = frame
         _reap()  # children the last call left were killed by the supervisor: collect them
+        if sys.path_importer_cache.get(user_site, False) is None and os.path.isdir(user_site):
+            # An import that failed before the first package install cached "nothing here"
+            # for the user site; the install made it a directory, so look again.
+            del sys.path_importer_cache[user_site]
         sys.stdout = streamed if request.get("stream") else collected
         cell += 1
         name = "<cell %d>" % cell

@@ -75,3 +75,34 @@ async def test_missing_package_is_a_clear_failure(
     )
     assert result["success"] is False
     assert result["error"].startswith("PackageFetchError")
+
+
+@pytest.mark.parametrize(
+    ("language", "probe", "package", "registry", "use"),
+    [
+        ("python", "try:\n    import six\nexcept ImportError:\n    print('missing')",
+         "six==1.16.0", "pypi", "import six\nsix.__version__"),
+        ("javascript", "try { require('is-number') } catch (e) { console.log('missing') }",
+         "is-number@7.0.0", "npm", "require('is-number')(5)"),
+    ],
+    ids=["python", "javascript"],
+)  # fmt: skip
+async def test_install_after_a_failed_import_works_in_the_same_session(
+    tools: CodeExecutionTools,
+    fresh_sandbox: str,
+    language: str,
+    probe: str,
+    package: str,
+    registry: str,
+    use: str,
+) -> None:
+    """An agent's usual order — import fails, install, import again — works without restart."""
+    first = await tools.code_execute(language=language, code=probe, sandbox_id=fresh_sandbox)
+    assert first["stdout"] == "missing\n"
+    installed = await tools.code_install_package(
+        sandbox_id=fresh_sandbox, package=package, registry=registry
+    )
+    assert installed["success"], installed
+    again = await tools.code_execute(language=language, code=use, sandbox_id=fresh_sandbox)
+    assert again["success"] and again["state_lost"] is False, again
+    assert again["result"] in ("'1.16.0'", "true")
