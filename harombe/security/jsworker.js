@@ -17,7 +17,17 @@ const vm = require('vm');
 const util = require('util');
 const { createRequire } = require('module');
 
-globalThis.require = createRequire('/workspace/');
+// What a script run by `node -` (the fresh mode) can count on, as globals here.
+// defineProperty, because `node -e` defines some of these itself, not always as plain data.
+// (Node also exposes its built-in modules as globals here, as in its REPL: `fs`, `path`…)
+const scope = {
+  require: createRequire('/workspace/'),
+  __filename: '[stdin]',
+  __dirname: '/workspace',
+};
+for (const [name, value] of Object.entries(scope)) {
+  Object.defineProperty(globalThis, name, { value, writable: true, configurable: true });
+}
 const RESULT_LIMIT = 10000;
 let cell = 0;
 let interrupt = null; // rejects the pending async part of a run on SIGINT

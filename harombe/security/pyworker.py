@@ -155,7 +155,8 @@ def serve_python():
         io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )  # fmt: skip
-    namespace = {"__name__": "__main__", "__builtins__": builtins}
+    # As for ``python3 -`` (fresh runs), so code behaves the same in both modes.
+    namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": "<stdin>"}
     cell = 0
     # Everything alive now is the interpreter's own: keep the collector off those pages so
     # processes that user code forks share them instead of copying them.

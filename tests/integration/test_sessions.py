@@ -218,3 +218,18 @@ async def test_cancel_works_against_a_flood_and_busy_children(
     await run(tools, fresh_sandbox, "python", "1")  # the session collects its dead children
     zombies = await run(tools, fresh_sandbox, "shell", "ps -e -o stat= | grep -c '^Z' || true")
     assert zombies["stdout"] == "0\n"
+
+
+@pytest.mark.parametrize(
+    ("language", "code", "expected"),
+    [("python", "__name__, __file__", "('__main__', '<stdin>')"),
+     ("javascript", "[typeof require, __dirname, require('path').basename('/a/b')]",
+      "[ 'function', '/workspace', 'b' ]")],
+    ids=["python", "javascript"],
+)  # fmt: skip
+async def test_session_scope_matches_a_fresh_script(
+    tools: CodeExecutionTools, fresh_sandbox: str, language: str, code: str, expected: str
+) -> None:
+    """Names a script can count on in a fresh process exist in the session too."""
+    result = await run(tools, fresh_sandbox, language, code)
+    assert result["result"] == expected, result

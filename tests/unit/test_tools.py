@@ -49,3 +49,13 @@ async def test_manager_refuses_to_start_before_docker() -> None:
     """The guide's 'Docker manager not started' troubleshooting message is what users get."""
     with pytest.raises(UsageError, match="Docker manager not started"):
         await SandboxManager(DockerManager()).start()
+
+
+async def test_denied_stream_yields_only_the_refusal() -> None:
+    """A gated stream that is denied yields one result item and never starts a sandbox."""
+    tools = CodeExecutionTools(
+        SandboxManager(DockerManager()), hitl_gate=HITLGate(approver=deny_all)
+    )
+    items = [i async for i in tools.code_execute_stream(language="python", code="print(1)")]
+    assert len(items) == 1 and items[0]["type"] == "result"
+    assert items[0]["success"] is False and items[0]["approval"]["status"] == "denied"
