@@ -21,6 +21,8 @@ DYNAMIC_BUILTINS = {
     "__import__": "__import__() imports a module chosen at run time",
     "breakpoint": "breakpoint() opens an interactive debugger",
 }
+#: Builtins that only look names up; resolved (through aliases too) so their uses are judged.
+REFLECTION_BUILTINS = {"getattr", "setattr"}
 #: Modules whose import alone means running programs or poking memory.
 DANGEROUS_MODULES = {
     "subprocess": "subprocess runs other programs",
@@ -113,7 +115,7 @@ class _Analyzer:
                 return "builtins"
             if node.id in self.aliases:
                 return self.aliases[node.id]
-            if node.id in DYNAMIC_BUILTINS:
+            if node.id in DYNAMIC_BUILTINS or node.id in REFLECTION_BUILTINS:
                 return f"builtins.{node.id}"
             return None
         if isinstance(node, ast.Attribute):
@@ -232,7 +234,8 @@ class _Analyzer:
 
     def visit_Call(self, node: ast.Call) -> None:
         func = self.qualname(node.func)
-        is_getattr = isinstance(node.func, ast.Name) and node.func.id in ("getattr", "setattr")
+        # Through any alias: ``f = getattr; f(os, "system")`` is getattr too.
+        is_getattr = func in ("builtins.getattr", "builtins.setattr")
         if is_getattr and len(node.args) >= 2:
             attr = _const_str(node.args[1])
             base = node.args[0]
@@ -246,6 +249,15 @@ class _Analyzer:
                 why = _describe(full) if full else None
                 if why:
                     self.report(node, "call", why)
+        if func in ("operator.attrgetter", "operator.methodcaller") and node.args:
+            # attrgetter("system")(os) reaches os.system without writing it: judge the names.
+            for arg in node.args[:1] if func == "operator.methodcaller" else node.args:
+                name = _const_str(arg)
+                leaf = name.rsplit(".", 1)[-1] if name else None
+                if name is None:
+                    self.report(node, "computed-name", f"{func}() with a computed name")
+                elif leaf in ESCAPE_ATTRIBUTES or _is_dangerous_leaf(leaf):
+                    self.report(node, "escape", f"{func}({name!r}) reaches {name} by name")
         if func == "importlib.import_module" and node.args:
             name = _const_str(node.args[0])
             if name is None:
@@ -275,6 +287,14 @@ class _Analyzer:
             and not path.startswith(_SAFE_DEVICES)
         ):
             self.report(node, "device-write", f"writes to the kernel or device file {path}")
+
+
+def _is_dangerous_leaf(name: str | None) -> bool:
+    """Whether ``name`` is the last part of a dangerous callable (``system``, ``popen``…)."""
+    if not name:
+        return False
+    leaves = {q.rsplit(".", 1)[1] for q in DANGEROUS_CALLABLES}
+    return name in leaves or any(name.startswith(p.rsplit(".", 1)[1]) for p in DANGEROUS_PREFIXES)
 
 
 def _canonical(module: str) -> str:
