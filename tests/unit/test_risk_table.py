@@ -99,6 +99,8 @@ CASES = [
     ("js-global-computed", js("globalThis['ev' + 'al']('1')"), CRITICAL),
     ("js-template-expr", js("const s = `${eval('1')}`"), CRITICAL),
     ("js-global-member-eval", js("globalThis.eval('1')"), CRITICAL),
+    ("js-reflect-get-global", js("Reflect.get(globalThis, 'ev' + 'al')('1')"), CRITICAL),
+    ("js-reflect-get-harmless", js("Reflect.get(config, 'port')"), HIGH),
     ("js-set-timeout-string", js("setTimeout('doEvil()', 10)"), CRITICAL),
     ("js-unterminated", js("console.log('unterminated)"), CRITICAL),
     # --- Shell --------------------------------------------------------------------------------

@@ -251,6 +251,12 @@ def _scan(tokens: list[Token]) -> list[Finding]:
                 module_ref(tok, at(i + 2), at(i + 3))
             elif tok.value in ("eval", "Function") and at(i - 2).value in GLOBAL_OBJECTS:
                 add(tok, "eval", f"{at(i - 2).value}.{tok.value} runs a string as code")
+            elif (
+                at(i - 2).value == "Reflect" and tok.value in ("get", "getOwnPropertyDescriptor")
+                and nxt.value == "(" and at(i + 2).value in GLOBAL_OBJECTS
+            ):  # fmt: skip
+                add(tok, "computed-name", f"Reflect.{tok.value}({at(i + 2).value}, …) looks "
+                    "up a global by name")  # fmt: skip
             elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
                 add(tok, "escape", f".{tok.value} reaches past the module system")
         elif tok.kind == "name":
