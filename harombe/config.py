@@ -58,6 +58,11 @@ class NetworkConfig(_Strict):
     allowed_registries: dict[Literal["pypi", "npm"], list[str]] = Field(
         default_factory=_empty_registries
     )
+    # The runtime of network-enabled sandboxes: runsc registered with --network=host, which
+    # uses the container's own namespace (an --internal network with no route out).
+    runtime: str = "runsc-net"
+    # Let allowed names resolve to private addresses (an internal package mirror, say).
+    allow_private_destinations: bool = False
 
 
 class PoolConfig(_Strict):

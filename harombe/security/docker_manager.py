@@ -216,6 +216,35 @@ class DockerManager:
         )
         return str(container.id)
 
+    async def create_network(self, name: str, *, labels: dict[str, str]) -> tuple[str, str]:
+        """Create an ``--internal`` bridge network (no route out); its id and gateway address."""
+
+        def create(c: docker.DockerClient) -> tuple[str, str]:
+            network = c.networks.create(name, driver="bridge", internal=True, labels=labels)
+            network.reload()
+            config = (network.attrs.get("IPAM") or {}).get("Config") or [{}]
+            return str(network.id), str(config[0].get("Gateway") or "")
+
+        return await self._call(create, what=f"creating network {name}")
+
+    async def network_bridge(self, network_id: str) -> str:
+        """The host interface name of a bridge network (``br-<id12>`` unless named)."""
+        data = await self._call(
+            lambda c: c.api.inspect_network(network_id),
+            what=f"inspecting network {network_id[:12]}",
+        )
+        options = data.get("Options") or {}
+        return str(options.get("com.docker.network.bridge.name") or f"br-{network_id[:12]}")
+
+    async def remove_network(self, network_id: str) -> None:
+        """Remove a network; one that is already gone is not an error."""
+
+        def remove(c: docker.DockerClient) -> None:
+            with contextlib.suppress(docker.errors.NotFound):
+                c.api.remove_network(network_id)
+
+        await self._call(remove, what=f"removing network {network_id[:12]}")
+
     async def start_container(self, container_id: str) -> None:
         await self._call(
             lambda c: c.api.start(container_id), what=f"starting container {container_id[:12]}"

@@ -98,6 +98,8 @@ def container_spec(
     language: Language,
     pooled: bool = False,
     cpu_at_create: bool = True,
+    network: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``docker containers.create``: every isolation default in one place."""
     limits = config.limits
@@ -122,7 +124,7 @@ def container_spec(
             **(
                 {
                     "HAROMBE_PREWARM": "python",
-                    "HAROMBE_USER_ENV": json.dumps(RUN_ENV),
+                    "HAROMBE_USER_ENV": json.dumps({**RUN_ENV, **(extra_env or {})}),
                     "HAROMBE_MAX_PIDS": str(limits.max_pids),
                 }
                 if config.stateful and language == "python"
@@ -137,8 +139,9 @@ def container_spec(
             "harombe.language": language,
             **({LABEL_POOLED: "1"} if pooled else {}),
         },
-        "runtime": config.runtime,
-        "network_mode": "none",
+        # A network-enabled sandbox: its own --internal network and the runtime that uses it.
+        "runtime": config.network.runtime if network else config.runtime,
+        "network_mode": network or "none",
         "read_only": True,
         "tmpfs": {
             WORKSPACE: f"size={limits.max_disk_mb}m,mode=0755,{owned}",
@@ -176,6 +179,7 @@ class Sandbox:
     info: dict[str, Any]
     network_enabled: bool = False
     allowed_domains: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # added to every run's environment
     created_at: float = field(default_factory=time.time)
     runs: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

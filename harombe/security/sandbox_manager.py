@@ -31,8 +31,10 @@ from harombe.errors import (
 )
 from harombe.security.channel import Channel, OutputCallback
 from harombe.security.docker_manager import DockerManager
+from harombe.security.egress import Resolver, system_resolver
 from harombe.security.files import FileOps
 from harombe.security.installs import PackageInstalls
+from harombe.security.network import Lease, SandboxNetworks
 from harombe.security.pool import WarmPool
 from harombe.security.sandbox import (
     JS_WORKER_SOURCE,
@@ -51,7 +53,7 @@ from harombe.security.sandbox import (
 
 log = structlog.get_logger(__name__)
 
-GVISOR_RUNTIMES = ("runsc",)
+GVISOR_RUNTIMES = ("runsc", "runsc-net")
 START_TIMEOUT_S = 30.0
 REPLY_SLACK_S = 15.0
 TRUNCATION_MARK = "\n[OUTPUT TRUNCATED]"
@@ -101,6 +103,7 @@ class SandboxManager(FileOps, PackageInstalls):
         max_output_bytes: int | None = None,
         allow_insecure_runtime: bool | None = None,
         config: HarombeConfig | None = None,
+        egress_resolver: Resolver | None = None,
     ) -> None:
         self.docker = docker_manager
         self.config = override(
@@ -119,6 +122,13 @@ class SandboxManager(FileOps, PackageInstalls):
         self._replaced: dict[str, str] = {}
         self._started = False
         self._late_cpu_limit = True  # see harombe.security.cgroups
+        network = self.sandbox_config.network
+        self.networks = SandboxNetworks(
+            docker_manager,
+            labels={LABEL_MANAGED: "1", LABEL_OWNER: self._owner, LABEL_MANAGER: self.manager_id},
+            resolver=egress_resolver or system_resolver,
+            allow_private=network.allow_private_destinations,
+        )
         self.pool = self._new_pool()
 
     def _new_pool(self) -> WarmPool:
@@ -188,12 +198,14 @@ class SandboxManager(FileOps, PackageInstalls):
         """Destroy every sandbox this manager created (also ones a failed create left)."""
         self._started = False
         boxes = list(self._sandboxes.values()) + await self.pool.close()
+        networks = self.networks
         self._sandboxes.clear()
         await asyncio.gather(*(box.channel.close() for box in boxes))
         if self.docker.started:
             leftovers = await self.docker.list_containers({LABEL_MANAGER: self.manager_id})
             ids = {box.container_id for box in boxes} | {c.id for c in leftovers}
             await asyncio.gather(*(self.docker.remove_container(cid) for cid in ids))
+            await networks.close()
         log.info("sandbox_manager.stopped", removed=len(boxes))
 
     def _require_started(self) -> None:
@@ -282,6 +294,34 @@ class SandboxManager(FileOps, PackageInstalls):
         sandbox_id = new_sandbox_id()
         started = time.perf_counter()
         await self.docker.image_id(image)  # a clear ImageNotFoundError before creating anything
+        lease = None
+        if network_enabled:
+            # Its own --internal network, the egress proxy on the gateway, firewall rules.
+            lease = await self.networks.attach(sandbox_id, allowed_domains)
+        try:
+            return await self._start_container(
+                sandbox_id, language, image, started,
+                pooled=pooled, lease=lease, allowed_domains=allowed_domains,
+            )  # fmt: skip
+        except BaseException:
+            if lease is not None:
+                await asyncio.shield(self.networks.detach(sandbox_id))
+            raise
+
+    async def _start_container(
+        self,
+        sandbox_id: str,
+        language: Language,
+        image: str,
+        started: float,
+        *,
+        pooled: bool,
+        lease: Lease | None,
+        allowed_domains: Sequence[str],
+    ) -> Sandbox:
+        cfg = self.sandbox_config
+        network_enabled = lease is not None
+        env = lease.environment() if lease is not None else {}
         spec = container_spec(
             sandbox_id,
             image=image,
@@ -291,6 +331,8 @@ class SandboxManager(FileOps, PackageInstalls):
             language=language,
             pooled=pooled,
             cpu_at_create=not self._late_cpu_limit,
+            network=lease.network_name if lease is not None else None,
+            extra_env=env,
         )
         container_id = await self.docker.create_container(**spec)
         channel: Channel | None = None
@@ -310,12 +352,10 @@ class SandboxManager(FileOps, PackageInstalls):
                 raise
             log.warning("sandbox.cpu_limit_fallback", reason=str(exc))
             self._late_cpu_limit = False  # Docker's create-time quota from now on
-            return await self._launch(
-                language,
-                network_enabled=network_enabled,
-                allowed_domains=allowed_domains,
-                pooled=pooled,
-            )
+            return await self._start_container(
+                sandbox_id, language, image, started,
+                pooled=pooled, lease=lease, allowed_domains=allowed_domains,
+            )  # fmt: skip
         except BaseException:
             if channel is not None:
                 await channel.close()
@@ -326,11 +366,12 @@ class SandboxManager(FileOps, PackageInstalls):
             container_id=container_id,
             language=language,
             image=image,
-            runtime=cfg.runtime,
+            runtime=cfg.network.runtime if network_enabled else cfg.runtime,
             channel=channel,
             info=info,
             network_enabled=network_enabled,
             allowed_domains=tuple(allowed_domains),
+            env=env,
         )
         log.info(
             "sandbox.created",
@@ -349,7 +390,18 @@ class SandboxManager(FileOps, PackageInstalls):
         self._sandboxes.pop(sandbox_id, None)
         await box.channel.close()
         await self.docker.remove_container(box.container_id)
+        await self.networks.detach(sandbox_id)
         log.info("sandbox.destroyed", sandbox_id=sandbox_id, runs=box.runs)
+
+    def set_allowed_domains(self, sandbox_id: str, allowed_domains: Sequence[str]) -> None:
+        """Replace a network-enabled sandbox's allowed domains; the next connection obeys."""
+        box = self.get(sandbox_id)
+        if not box.network_enabled:
+            raise UsageError(
+                f"sandbox {sandbox_id} has no network; create it with network_enabled=True"
+            )
+        self.networks.set_allowed(sandbox_id, allowed_domains)
+        box.allowed_domains = tuple(allowed_domains)
 
     def effective_timeout(self, timeout_s: float | None) -> tuple[float, list[str]]:
         """The timeout a call gets: its own, capped by ``max_execution_time``."""
@@ -421,7 +473,7 @@ class SandboxManager(FileOps, PackageInstalls):
         msg: dict[str, Any] = {
             "op": "run",
             "argv": argv,
-            "env": {**RUN_ENV, **(extra_env or {})},
+            "env": {**RUN_ENV, **box.env, **(extra_env or {})},
             "cwd": "/workspace",
             "timeout_s": timeout_s,
             "grace_s": limits.kill_grace_s,
@@ -515,6 +567,7 @@ class SandboxManager(FileOps, PackageInstalls):
         self._sandboxes.pop(box.sandbox_id, None)
         await box.channel.close()
         await self.docker.remove_container(box.container_id)
+        await self.networks.detach(box.sandbox_id)
         replacement = await self.create_sandbox(
             box.language, network_enabled=box.network_enabled, allowed_domains=box.allowed_domains
         )

@@ -1,0 +1,145 @@
+"""Per-sandbox networks: an ``--internal`` Docker network, the egress proxy on its gateway, and
+firewall rules that let the sandbox reach nothing on the host but that proxy.
+
+See ``docs/network.md``. One network per network-enabled sandbox, so a sandbox never shares a
+network with another and the proxy on a gateway serves exactly one sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from harombe.errors import InfrastructureError
+from harombe.security.docker_manager import DockerManager
+from harombe.security.egress import EgressProxy, Resolver, system_resolver
+from harombe.security.netpolicy import Allowlist
+
+log = structlog.get_logger(__name__)
+
+PROXY_PORT = 3128
+LABEL_NETWORK = "harombe.network"
+
+
+@dataclass
+class Lease:
+    """A sandbox's network: its Docker network, bridge, proxy and current allowlist."""
+
+    sandbox_id: str
+    network_id: str
+    network_name: str
+    bridge: str
+    gateway: str
+    allowlist: Allowlist
+    proxy: EgressProxy | None = None
+    rules: list[list[str]] = field(default_factory=list)
+
+    @property
+    def proxy_url(self) -> str:
+        return f"http://{self.gateway}:{PROXY_PORT}"
+
+    def environment(self) -> dict[str, str]:
+        """What code in the sandbox needs to go through the proxy (every common spelling)."""
+        url = self.proxy_url
+        env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+        env.update(NO_PROXY="localhost,127.0.0.1", no_proxy="localhost,127.0.0.1")
+        env["npm_config_proxy"] = env["npm_config_https_proxy"] = url
+        return env
+
+
+async def _iptables(*args: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "iptables", "-w", *args, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise InfrastructureError(
+            f"iptables {' '.join(args)} failed: {err.decode().strip()}; harombe needs root on "
+            "the Docker host to keep network-enabled sandboxes away from host services"
+        )
+
+
+class SandboxNetworks:
+    """Creates and removes sandbox networks; see the module docstring."""
+
+    def __init__(
+        self,
+        docker: DockerManager,
+        *,
+        labels: dict[str, str],
+        resolver: Resolver = system_resolver,
+        allow_private: bool = False,
+    ) -> None:
+        self.docker = docker
+        self.labels = labels
+        self.resolver = resolver
+        self.allow_private = allow_private
+        self._leases: dict[str, Lease] = {}
+
+    def get(self, sandbox_id: str) -> Lease | None:
+        return self._leases.get(sandbox_id)
+
+    async def attach(self, sandbox_id: str, allowed_domains: Sequence[str]) -> Lease:
+        """A new network for ``sandbox_id`` with its proxy and firewall rules in place."""
+        allowlist = Allowlist.parse(allowed_domains)
+        name = f"harombe-{sandbox_id}"
+        labels = {**self.labels, LABEL_NETWORK: sandbox_id}
+        network_id, gateway = await self.docker.create_network(name, labels=labels)
+        lease = Lease(sandbox_id, network_id, name, "", gateway, allowlist)
+        try:
+            lease.bridge = await self.docker.network_bridge(network_id)
+            lease.proxy = EgressProxy(
+                lambda client: (sandbox_id, lease.allowlist),
+                resolver=self.resolver,
+                allow_private=self.allow_private,
+            )
+            await lease.proxy.start(gateway, PROXY_PORT)
+            # Into the host from this bridge: the proxy's port only; anything else is refused
+            # at once (REJECT, not DROP, so it fails fast).
+            for rule in (
+                ["-i", lease.bridge, "-j", "REJECT", "--reject-with", "icmp-port-unreachable"],
+                ["-i", lease.bridge, "-p", "tcp", "--dport", str(PROXY_PORT), "-j", "ACCEPT"],
+            ):
+                await _iptables("-I", "INPUT", *rule)
+                lease.rules.append(rule)
+        except BaseException:
+            await self._release(lease)
+            raise
+        self._leases[sandbox_id] = lease
+        allowed = sorted(allowlist.exact | {"*" + suffix for suffix in allowlist.suffixes})
+        log.info("network.attached", sandbox_id=sandbox_id, network=name, gateway=gateway,
+                 allowed=allowed)  # fmt: skip
+        return lease
+
+    def set_allowed(self, sandbox_id: str, allowed_domains: Sequence[str]) -> None:
+        """Replace the allowlist; the next connection through the proxy uses it."""
+        lease = self._leases.get(sandbox_id)
+        if lease is None:
+            raise InfrastructureError(f"sandbox {sandbox_id} has no network to change")
+        lease.allowlist = Allowlist.parse(allowed_domains)
+        log.info("network.allowlist_changed", sandbox_id=sandbox_id,
+                 allowed=list(allowed_domains))  # fmt: skip
+
+    async def detach(self, sandbox_id: str) -> None:
+        """Remove the sandbox's proxy, rules and network (after its container is gone)."""
+        lease = self._leases.pop(sandbox_id, None)
+        if lease is not None:
+            await self._release(lease)
+
+    async def _release(self, lease: Lease) -> None:
+        if lease.proxy is not None:
+            await lease.proxy.stop()
+        for rule in lease.rules:
+            try:
+                await _iptables("-D", "INPUT", *rule)
+            except InfrastructureError as exc:
+                log.warning("network.rule_left", rule=rule, error=str(exc))
+        await self.docker.remove_network(lease.network_id)
+
+    async def close(self) -> None:
+        for sandbox_id in list(self._leases):
+            await self.detach(sandbox_id)
