@@ -100,12 +100,17 @@ class SandboxNetworks:
             await lease.proxy.start(gateway, PROXY_PORT)
             # Into the host from this bridge: the proxy's port only; anything else is refused
             # at once (REJECT, not DROP, so it fails fast).
-            for rule in (
-                ["-i", lease.bridge, "-j", "REJECT", "--reject-with", "icmp-port-unreachable"],
-                ["-i", lease.bridge, "-p", "tcp", "--dport", str(PROXY_PORT), "-j", "ACCEPT"],
-            ):
-                await _iptables("-I", "INPUT", *rule)
-                lease.rules.append(rule)
+            # Out of this bridge to anywhere else (other networks, other sandboxes, outside):
+            # refused at once too, rather than left to time out.
+            reject = ["-j", "REJECT", "--reject-with", "icmp-port-unreachable"]
+            for chain, rule in (
+                ("INPUT", ["-i", lease.bridge, *reject]),
+                ("INPUT", ["-i", lease.bridge, "-p", "tcp", "--dport", str(PROXY_PORT),
+                           "-j", "ACCEPT"]),
+                ("FORWARD", ["-i", lease.bridge, *reject]),
+            ):  # fmt: skip
+                await _iptables("-I", chain, *rule)
+                lease.rules.append([chain, *rule])
         except BaseException:
             await self._release(lease)
             raise
@@ -135,7 +140,7 @@ class SandboxNetworks:
             await lease.proxy.stop()
         for rule in lease.rules:
             try:
-                await _iptables("-D", "INPUT", *rule)
+                await _iptables("-D", *rule)
             except InfrastructureError as exc:
                 log.warning("network.rule_left", rule=rule, error=str(exc))
         await self.docker.remove_network(lease.network_id)

@@ -28,12 +28,6 @@ from harombe.security.streaming import OutputChunk, iterate
 
 log = structlog.get_logger(__name__)
 
-NETWORK_OFFLINE_WARNING = (
-    "network_enabled=True was requested, but sandboxes stay offline in this build: code "
-    "cannot reach the network (fail closed). Package installs work without it: "
-    "code_install_package downloads on the host and copies the files in."
-)
-
 
 def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
     return {"success": False, **fields, "error": f"{err.kind}: {err}"}
@@ -118,7 +112,7 @@ class CodeExecutionTools:
 
         async def body(decision: ApprovalDecision | None) -> dict[str, Any]:
             manager = self.sandbox_manager
-            warnings = [NETWORK_OFFLINE_WARNING] if network_enabled else []
+            warnings: list[str] = []
             sid = sandbox_id
             if sid is None:
                 box = await manager.create_sandbox(
