@@ -63,6 +63,9 @@ class NetworkConfig(_Strict):
     runtime: str = "runsc-net"
     # Let allowed names resolve to private addresses (an internal package mirror, say).
     allow_private_destinations: bool = False
+    # PEM files of extra CA certificates that network-enabled sandboxes trust besides the
+    # image's own (TLS inspection in company networks); read on the host at start.
+    extra_ca_certificates: list[str] = Field(default_factory=list)
 
 
 class PoolConfig(_Strict):

@@ -21,6 +21,11 @@ from harombe.security.netpolicy import Allowlist
 log = structlog.get_logger(__name__)
 
 PROXY_PORT = 3128
+#: The CA bundle of a network-enabled sandbox (the image's, plus configured extra CAs), written
+#: before any code runs, and the variables that make common clients use it.
+CA_BUNDLE = "/home/sandbox/.harombe/ca-certificates.pem"
+CA_ENV = {name: CA_BUNDLE for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+                                        "PIP_CERT", "NODE_EXTRA_CA_CERTS")}  # fmt: skip
 LABEL_NETWORK = "harombe.network"
 
 
@@ -47,6 +52,7 @@ class Lease:
         env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
         env.update(NO_PROXY="localhost,127.0.0.1", no_proxy="localhost,127.0.0.1")
         env["npm_config_proxy"] = env["npm_config_https_proxy"] = url
+        env.update(CA_ENV)
         return env
 
 

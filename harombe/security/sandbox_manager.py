@@ -15,12 +15,14 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import structlog
 
 from harombe.config import LANGUAGES, HarombeConfig, Language, load_config, override
 from harombe.errors import (
+    ConfigError,
     InsecureRuntimeError,
     LimitNotAppliedError,
     RuntimeNotAvailableError,
@@ -34,7 +36,7 @@ from harombe.security.docker_manager import DockerManager
 from harombe.security.egress import Resolver, system_resolver
 from harombe.security.files import FileOps
 from harombe.security.installs import PackageInstalls
-from harombe.security.network import Lease, SandboxNetworks
+from harombe.security.network import CA_BUNDLE, Lease, SandboxNetworks
 from harombe.security.pool import WarmPool
 from harombe.security.sandbox import (
     JS_WORKER_SOURCE,
@@ -373,6 +375,8 @@ class SandboxManager(FileOps, PackageInstalls):
             allowed_domains=tuple(allowed_domains),
             env=env,
         )
+        if lease is not None:
+            await self._install_ca_bundle(box)
         log.info(
             "sandbox.created",
             sandbox_id=sandbox_id,
@@ -392,6 +396,27 @@ class SandboxManager(FileOps, PackageInstalls):
         await self.docker.remove_container(box.container_id)
         await self.networks.detach(sandbox_id)
         log.info("sandbox.destroyed", sandbox_id=sandbox_id, runs=box.runs)
+
+    async def _install_ca_bundle(self, box: Sandbox) -> None:
+        """The image's CA bundle plus the configured extra CAs, before any code runs."""
+        extra = b""
+        for path in self.sandbox_config.network.extra_ca_certificates:
+            try:
+                pem = await asyncio.to_thread(Path(path).read_bytes)
+                extra += pem.rstrip(b"\n") + b"\n"
+            except OSError as exc:
+                raise ConfigError(
+                    f"security.sandbox.network.extra_ca_certificates: cannot read {path} "
+                    f"({exc.strerror}); give the path of a PEM file on this host"
+                ) from None
+        script = (
+            f"mkdir -p {CA_BUNDLE.rsplit('/', 1)[0]} && "
+            f"cat /etc/ssl/certs/ca-certificates.crt - > {CA_BUNDLE}"
+        )
+        result = await self._run(box, ["bash", "-c", script], extra, language="shell",
+                                 timeout_s=30)  # fmt: skip
+        if not result.success:
+            raise SandboxStartError(f"could not write the CA bundle: {result.stderr.strip()}")
 
     def set_allowed_domains(self, sandbox_id: str, allowed_domains: Sequence[str]) -> None:
         """Replace a network-enabled sandbox's allowed domains; the next connection obeys."""
