@@ -1,0 +1,189 @@
+"""Network-enabled sandboxes against origin servers the tests start in their own Docker network.
+
+Names are resolved by a test resolver that knows only the origin containers; no outside
+address is ever contacted. TLS uses a CA made for the test, trusted through the config.
+"""
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harombe.config import load_config, parse_config
+from harombe.security.docker_manager import DockerManager
+from harombe.security.sandbox_manager import SandboxManager
+from harombe.testing import capture_events
+from harombe.tools.code_execution import CodeExecutionTools
+
+IMAGE = "harombe/sandbox:latest"
+HTTPS_SERVER = (
+    "import http.server, ssl\n"
+    "s = http.server.HTTPServer(('', 443), http.server.SimpleHTTPRequestHandler)\n"
+    "c = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n"
+    "c.load_cert_chain('/certs/s.pem', '/certs/s.key')\n"
+    "s.socket = c.wrap_socket(s.socket, server_side=True)\ns.serve_forever()"
+)
+
+
+def sh(*argv: str) -> str:
+    return subprocess.run(argv, check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A test CA and a certificate for secure.test signed by it."""
+    d = tmp_path_factory.mktemp("certs")
+    sh(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=harombe test CA",
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.pem"),
+    )
+    sh(
+        "openssl",
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=secure.test",
+        "-keyout",
+        str(d / "s.key"),
+        "-out",
+        str(d / "s.csr"),
+    )
+    (d / "ext").write_text("subjectAltName=DNS:secure.test\n")
+    sh("openssl", "x509", "-req", "-in", str(d / "s.csr"), "-CA", str(d / "ca.pem"),
+       "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "2", "-extfile", str(d / "ext"),
+       "-out", str(d / "s.pem"))  # fmt: skip
+    for name in ("s.pem", "s.key"):
+        (d / name).chmod(0o644)
+    return d
+
+
+@pytest.fixture(scope="module")
+def origins(certs: Path) -> Iterator[dict[str, str]]:
+    """plain.test (HTTP) and secure.test (HTTPS) in a network of their own; name → address."""
+    network = f"harombe-test-origins-{uuid.uuid4().hex[:8]}"
+    sh("docker", "network", "create", network)
+    plain = sh("docker", "run", "-d", "--user", "0", "--network", network, "-w", "/tmp", IMAGE,
+               "python3", "-m", "http.server", "80")  # fmt: skip
+    secure = sh("docker", "run", "-d", "--user", "0", "--network", network,
+                "-v", f"{certs}:/certs:ro",
+                "-w", "/tmp", IMAGE, "python3", "-c", HTTPS_SERVER)  # fmt: skip
+    try:
+        addresses = {
+            name: sh("docker", "inspect", "-f",
+                     "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}", cid)
+            for name, cid in (("plain.test", plain), ("secure.test", secure))
+        }  # fmt: skip
+        yield addresses
+    finally:
+        subprocess.run(["docker", "rm", "-f", plain, secure], capture_output=True)
+        subprocess.run(["docker", "network", "rm", network], capture_output=True)
+
+
+@pytest.fixture
+async def net_tools(
+    docker_manager: DockerManager, origins: dict[str, str], certs: Path
+) -> AsyncIterator[CodeExecutionTools]:
+    async def resolver(host: str, port: int) -> list[str]:
+        if host in origins:
+            return [origins[host]]
+        raise OSError(f"{host}: unknown name")
+
+    data = load_config(environ={}).model_dump()
+    network: dict[str, Any] = data["security"]["sandbox"]["network"]
+    network.update(allow_private_destinations=True, extra_ca_certificates=[str(certs / "ca.pem")])
+    manager = SandboxManager(docker_manager, config=parse_config(data), egress_resolver=resolver)
+    await manager.start()
+    yield CodeExecutionTools(manager)
+    await manager.stop()
+
+
+FETCH = (
+    "import urllib.request\n"
+    "def fetch(url):\n"
+    "    try:\n"
+    "        return urllib.request.urlopen(url, timeout=10).status\n"
+    "    except Exception as e:\n"
+    "        return type(e).__name__ + ': ' + str(e)[:60]\n"
+)
+
+
+async def test_allowed_domains_are_reachable_over_http_and_https(
+    net_tools: CodeExecutionTools,
+) -> None:
+    """Exactly the allowed names answer, over HTTP and over HTTPS (TLS end to end)."""
+    code = FETCH + "[fetch('http://plain.test/'), fetch('https://secure.test/')]"
+    with capture_events() as events:
+        result = await net_tools.code_execute(
+            language="python", code=code, network_enabled=True,
+            allowed_domains=["plain.test", "secure.test"],
+        )  # fmt: skip
+    assert result["result"] == "[200, 200]", result
+    allowed = {(e["domain"], e["port"]) for e in events if e["event"] == "egress.allowed"}
+    assert allowed == {("plain.test", 80), ("secure.test", 443)}
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (FETCH + "fetch('http://secure.test/')", "HTTPError: HTTP Error 403"),
+        (FETCH + "fetch('https://unknown.test/')", "URLError"),
+        ("import socket\ntry:\n    socket.getaddrinfo('plain.test', 80)\n    out = 'RESOLVED'\n"
+         "except OSError as e:\n    out = 'no DNS'\nout", "'no DNS'"),
+        ("import socket\ns = socket.socket()\ns.settimeout(5)\ntry:\n"
+         "    s.connect((ORIGIN, 80))\n    out = 'CONNECTED'\n"
+         "except OSError as e:\n    out = type(e).__name__\nout",
+         "'ConnectionRefusedError'"),
+    ],
+    ids=["other-allowed-origin", "unknown-name", "dns", "direct-ip"],
+)  # fmt: skip
+async def test_everything_else_fails_fast(
+    net_tools: CodeExecutionTools, origins: dict[str, str], code: str, expected: str
+) -> None:
+    """Names not allowed, DNS and direct connections fail at once with a clear error."""
+    code = code.replace("ORIGIN", repr(origins["plain.test"]))
+    result = await net_tools.code_execute(
+        language="python", code=code, network_enabled=True, allowed_domains=["plain.test"]
+    )
+    assert expected in str(result["result"]), result
+
+
+async def test_allowlist_change_applies_to_the_next_connection(
+    net_tools: CodeExecutionTools,
+) -> None:
+    """set_allowed_domains on a running sandbox changes what the next connection may reach."""
+    code = FETCH + "fetch('http://plain.test/')"
+    first = await net_tools.code_execute(
+        language="python", code=code, network_enabled=True, allowed_domains=["plain.test"]
+    )
+    assert first["result"] == "200"
+    net_tools.sandbox_manager.set_allowed_domains(first["sandbox_id"], ["secure.test"])
+    again = await net_tools.code_execute(
+        language="python", code=code, sandbox_id=first["sandbox_id"]
+    )
+    assert "403" in again["result"]
+
+
+async def test_offline_sandboxes_stay_offline(net_tools: CodeExecutionTools) -> None:
+    """Without network_enabled there is no proxy and no interface but loopback."""
+    code = "import socket\nsorted(n for _, n in socket.if_nameindex())"
+    result = await net_tools.code_execute(language="python", code=code)
+    assert result["result"] == "['lo']"
+    await asyncio.sleep(0)
