@@ -236,6 +236,12 @@ class DockerManager:
         options = data.get("Options") or {}
         return str(options.get("com.docker.network.bridge.name") or f"br-{network_id[:12]}")
 
+    async def list_networks(self, labels: dict[str, str]) -> list[tuple[str, dict[str, str]]]:
+        """(id, labels) of every network carrying all of ``labels``."""
+        filters = {"label": [f"{k}={v}" if v else k for k, v in labels.items()]}
+        found = await self._call(lambda c: c.api.networks(filters=filters), what="listing networks")
+        return [(str(n["Id"]), dict(n.get("Labels") or {})) for n in found]
+
     async def remove_network(self, network_id: str) -> None:
         """Remove a network; one that is already gone is not an error."""
 

@@ -8,7 +8,7 @@ network with another and the proxy on a gateway serves exactly one sandbox.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -67,6 +67,21 @@ async def _iptables(*args: str) -> None:
             f"iptables {' '.join(args)} failed: {err.decode().strip()}; harombe needs root on "
             "the Docker host to keep network-enabled sandboxes away from host services"
         )
+
+
+async def _rules_for(chain: str, bridge: str) -> list[list[str]]:
+    """The rules in ``chain`` that match traffic coming in on ``bridge``."""
+    proc = await asyncio.create_subprocess_exec(
+        "iptables", "-w", "-S", chain, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    rules = []
+    for line in out.decode().splitlines():
+        words = line.split()
+        if words[:2] == ["-A", chain] and "-i" in words and bridge in words:
+            rules.append(words[2:])
+    return rules
 
 
 class SandboxNetworks:
@@ -150,6 +165,28 @@ class SandboxNetworks:
             except InfrastructureError as exc:
                 log.warning("network.rule_left", rule=rule, error=str(exc))
         await self.docker.remove_network(lease.network_id)
+
+    async def sweep(self, is_orphan: Callable[[dict[str, str]], bool]) -> int:
+        """Remove sandbox networks (and their firewall rules) whose owner is gone."""
+        removed = 0
+        found = await self.docker.list_networks({LABEL_NETWORK: ""})
+        for network_id, labels in found:
+            if network_id in {lease.network_id for lease in self._leases.values()}:
+                continue
+            if not is_orphan(labels):
+                continue
+            bridge = await self.docker.network_bridge(network_id)
+            for chain in ("INPUT", "FORWARD"):
+                for rule in await _rules_for(chain, bridge):
+                    try:
+                        await _iptables("-D", chain, *rule)
+                    except InfrastructureError as exc:
+                        log.warning("network.rule_left", rule=rule, error=str(exc))
+            await self.docker.remove_network(network_id)
+            removed += 1
+        if removed:
+            log.info("network.orphans_removed", count=removed)
+        return removed
 
     async def close(self) -> None:
         for sandbox_id in list(self._leases):

@@ -194,6 +194,10 @@ class SandboxManager(FileOps, PackageInstalls):
         await asyncio.gather(*(self.docker.remove_container(c.id) for c in orphans))
         if orphans:
             log.info("sandbox.orphans_removed", count=len(orphans))
+        # Their networks (and firewall rules) go after them: a network in use cannot be removed.
+        await self.networks.sweep(
+            lambda labels: owner_is_gone(labels.get(LABEL_OWNER, ""), hostname=host)
+        )
         return len(orphans)
 
     async def stop(self) -> None:

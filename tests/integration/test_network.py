@@ -6,6 +6,7 @@ address is ever contacted. TLS uses a CA made for the test, trusted through the 
 
 import asyncio
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -187,3 +188,61 @@ async def test_offline_sandboxes_stay_offline(net_tools: CodeExecutionTools) -> 
     result = await net_tools.code_execute(language="python", code=code)
     assert result["result"] == "['lo']"
     await asyncio.sleep(0)
+
+
+async def test_host_services_and_other_sandboxes_are_refused(
+    net_tools: CodeExecutionTools,
+) -> None:
+    """The gateway's other ports, another sandbox's address and the Docker socket: refused."""
+    other = await net_tools.code_execute(
+        language="python", network_enabled=True, allowed_domains=["plain.test"],
+        code="import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+             "s.connect(('10.255.255.1', 9)); s.getsockname()[0]",
+    )  # fmt: skip
+    other_ip = other["result"].strip("'")
+    code = (
+        "import os, socket\n"
+        "gateway = os.environ['HTTP_PROXY'].split('//')[1].split(':')[0]\n"
+        "def probe(host, port):\n"
+        "    s = socket.socket(); s.settimeout(5)\n"
+        "    try:\n"
+        "        s.connect((host, port)); return 'OPEN'\n"
+        "    except OSError as e:\n"
+        "        return type(e).__name__\n"
+        f"[probe(gateway, 22), probe(gateway, 2375), probe({other_ip!r}, 80),\n"
+        " os.path.exists('/var/run/docker.sock')]"
+    )
+    result = await net_tools.code_execute(
+        language="python", code=code, network_enabled=True, allowed_domains=["plain.test"]
+    )
+    assert result["result"] == (
+        "['ConnectionRefusedError', 'ConnectionRefusedError', 'ConnectionRefusedError', False]"
+    ), result
+
+
+async def test_networks_of_a_crashed_process_are_swept(
+    docker_manager: DockerManager,
+) -> None:
+    """A process that dies with a network-enabled sandbox leaves a network and firewall rules;
+    the next manager start removes both."""
+    script = (
+        "import asyncio, os\n"
+        "from harombe.security.docker_manager import DockerManager\n"
+        "from harombe.security.sandbox_manager import SandboxManager\n"
+        "async def main():\n"
+        "    d = DockerManager(); await d.start()\n"
+        "    m = SandboxManager(d); await m.start()\n"
+        "    box = await m.create_sandbox('python', network_enabled=True,\n"
+        "                                 allowed_domains=['plain.test'])\n"
+        "    print(m.networks.get(box.sandbox_id).bridge, flush=True)\n"
+        "    os._exit(0)\n"
+        "asyncio.run(main())\n"
+    )
+    bridge = sh(sys.executable, "-c", script).splitlines()[-1]
+    assert bridge in sh("iptables", "-S", "INPUT")
+    manager = SandboxManager(docker_manager)
+    await manager.start()  # sweeps
+    await manager.stop()
+    assert bridge not in sh("iptables", "-S", "INPUT")
+    assert bridge not in sh("iptables", "-S", "FORWARD")
+    assert bridge[3:] not in sh("docker", "network", "ls", "-q", "--no-trunc")
