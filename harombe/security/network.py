@@ -52,6 +52,7 @@ class Lease:
         env = {name: url for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
         env.update(NO_PROXY="localhost,127.0.0.1", no_proxy="localhost,127.0.0.1")
         env["npm_config_proxy"] = env["npm_config_https_proxy"] = url
+        env["NODE_USE_ENV_PROXY"] = "1"  # Node's fetch() honours HTTP(S)_PROXY only with this
         env.update(CA_ENV)
         return env
 

@@ -5,9 +5,12 @@ address is ever contacted. TLS uses a CA made for the test, trusted through the 
 """
 
 import asyncio
+import base64
+import hashlib
 import subprocess
 import sys
 import uuid
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,12 +79,48 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+def _wheel(directory: Path) -> str:
+    """A one-module wheel, harombe-probe 1.0, written by hand (no build backend needed)."""
+    name = "harombe_probe-1.0-py3-none-any.whl"
+    files = {
+        "harombe_probe/__init__.py": b"VALUE = 42\n",
+        "harombe_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: harombe-probe\n"
+        b"Version: 1.0\n",
+        "harombe_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: harombe-tests\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    record.append("harombe_probe-1.0.dist-info/RECORD,,")
+    with zipfile.ZipFile(directory / name, "w") as wheel:
+        for path, data in files.items():
+            wheel.writestr(path, data)
+        wheel.writestr("harombe_probe-1.0.dist-info/RECORD", "\n".join(record) + "\n")
+    return name
+
+
 @pytest.fixture(scope="module")
-def origins(certs: Path) -> Iterator[dict[str, str]]:
+def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A PEP 503 simple index holding harombe-probe, served by plain.test."""
+    root = tmp_path_factory.mktemp("index")
+    project = root / "simple" / "harombe-probe"
+    project.mkdir(parents=True)
+    name = _wheel(project)
+    (project / "index.html").write_text(f'<a href="{name}">{name}</a>\n')
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
+
+
+@pytest.fixture(scope="module")
+def origins(certs: Path, index: Path) -> Iterator[dict[str, str]]:
     """plain.test (HTTP) and secure.test (HTTPS) in a network of their own; name → address."""
     network = f"harombe-test-origins-{uuid.uuid4().hex[:8]}"
     sh("docker", "network", "create", network)
-    plain = sh("docker", "run", "-d", "--user", "0", "--network", network, "-w", "/tmp", IMAGE,
+    plain = sh("docker", "run", "-d", "--user", "0", "--network", network,
+               "-v", f"{index}:/srv:ro", "-w", "/srv", IMAGE,
                "python3", "-m", "http.server", "80")  # fmt: skip
     secure = sh("docker", "run", "-d", "--user", "0", "--network", network,
                 "-v", f"{certs}:/certs:ro",
@@ -246,3 +285,48 @@ async def test_networks_of_a_crashed_process_are_swept(
     assert bridge not in sh("iptables", "-S", "INPUT")
     assert bridge not in sh("iptables", "-S", "FORWARD")
     assert bridge[3:] not in sh("docker", "network", "ls", "-q", "--no-trunc")
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("javascript", "(async () => { const r = await fetch('https://secure.test/'); "
+                       "return r.status; })()"),
+        ("shell", "python3 -c \"import urllib.request as u; "
+                  "print(u.urlopen('https://secure.test/').status)\""),
+    ],
+    ids=["node-fetch", "shell-python"],
+)  # fmt: skip
+async def test_common_clients_go_through_the_proxy(
+    net_tools: CodeExecutionTools, language: str, code: str
+) -> None:
+    """Node's fetch and a program started from a shell use the proxy and trust the CA."""
+    result = await net_tools.code_execute(
+        language=language, code=code, network_enabled=True, allowed_domains=["secure.test"]
+    )
+    assert result["success"], result
+    assert (result["result"] or result["stdout"].strip()) == "200", result
+
+
+async def test_pip_installs_through_the_proxy(net_tools: CodeExecutionTools) -> None:
+    """pip inside the sandbox reaches an allowed index through the proxy, and nothing else."""
+    code = (
+        "pip install --user --no-cache-dir --index-url http://plain.test/simple/ "
+        "--trusted-host plain.test harombe-probe "
+        ">/dev/null && python3 -c 'import harombe_probe; print(harombe_probe.VALUE)'"
+    )
+    result = await net_tools.code_execute(
+        language="shell", code=code, network_enabled=True, allowed_domains=["plain.test"],
+        timeout=120,
+    )  # fmt: skip
+    assert result["stdout"] == "42\n", result
+    with capture_events() as events:
+        refused = await net_tools.code_execute(
+            language="shell", sandbox_id=result["sandbox_id"], timeout=120,
+            code="pip download --no-cache-dir --retries 0 --trusted-host unknown.test "
+                 "--index-url http://unknown.test/simple/ harombe-probe -d /tmp/x",
+        )  # fmt: skip
+    assert refused["success"] is False and "No matching distribution" in refused["stderr"]
+    assert any(e["event"] == "egress.refused" and e["domain"] == "unknown.test" for e in events), (
+        "the refusal is audited"
+    )
