@@ -8,7 +8,7 @@ package code runs on the host; the files are unpacked inside the sandbox and ins
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from harombe.errors import UsageError
@@ -19,6 +19,22 @@ if TYPE_CHECKING:
     from harombe.security.sandbox import Sandbox
 
 INSTALL_TIMEOUT_S = 600.0
+NUMPY_1 = ("numpy<2",)
+#: Imports the top-level modules of distribution sys.argv[1], in the sandbox.
+IMPORT_CHECK = """
+import importlib, importlib.metadata as md, sys
+dist = md.distribution(sys.argv[1])
+tops = (dist.read_text("top_level.txt") or "").split()
+if not tops:
+    tops = sorted({f.parts[0].split(".")[0] for f in dist.files or []
+                   if f.parts and not f.parts[0].endswith((".dist-info", ".data"))})
+for top in tops:
+    importlib.import_module(top)
+"""
+
+
+def _numpy_abi_break(stderr: str) -> bool:
+    return "numpy.dtype size changed" in stderr or "compiled using NumPy 1.x" in stderr
 
 
 class PackageInstalls:
@@ -38,47 +54,60 @@ class PackageInstalls:
         need = "python3" if spec.registry == "pypi" else "node"
         if not box.has(need):
             raise UsageError(f"{spec.registry} packages need {need}, which image {box.image} lacks")
-        info = box.info
         async with box.lock:
             if spec.registry == "npm":
                 started = time.perf_counter()
                 archive, npm_output = await packages.fetch_npm(spec)
                 await self._untar(box, archive, root=f"{HOME}/node_modules")
                 return self._install_result(box, npm_output, time.perf_counter() - started)
-            libc = info.get("libc") or ["glibc", "2.17"]
-            archive = await packages.fetch_pypi(
-                spec,
-                python=str(info.get("python", "3")),
-                machine=str(info.get("machine")),
-                glibc=str(libc[1] or "2.17"),
-            )
-            wheels = "/tmp/harombe-wheels"
-            await self._untar(box, archive, root=wheels)
-            argv = [
-                "python3",
-                "-m",
-                "pip",
-                "install",
-                "--user",
-                "--no-index",
-                "--find-links",
-                wheels,
-                "--no-warn-script-location",
-                "--no-cache-dir",
-                "--",
-                spec.text,
-            ]
-            result = await self._run(
-                box,
-                argv,
-                b"",
-                language="shell",
-                timeout_s=INSTALL_TIMEOUT_S,
-                extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
-            )
-            if result.status != "lost":
-                await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
+            result = await self._install_pypi(box, spec)
+            if result.success and _numpy_abi_break(await self._import_check(box, spec)):
+                # Built against NumPy 1.x, resolved with NumPy 2: install it again with numpy<2.
+                result = await self._install_pypi(box, spec, constraints=NUMPY_1)
+                result.warnings.append(
+                    f"{spec.text} was built against NumPy 1.x and fails to import with NumPy "
+                    "2, so it was installed with numpy<2"
+                )
             return result
+
+    async def _install_pypi(
+        self, box: Sandbox, spec: packages.PackageSpec, *, constraints: Sequence[str] = ()
+    ) -> ExecutionResult:
+        libc = box.info.get("libc") or ["glibc", "2.17"]
+        archive = await packages.fetch_pypi(
+            spec,
+            python=str(box.info.get("python", "3")),
+            machine=str(box.info.get("machine")),
+            glibc=str(libc[1] or "2.17"),
+            constraints=constraints,
+        )
+        wheels = "/tmp/harombe-wheels"
+        await self._untar(box, archive, root=wheels)
+        argv = [
+            "python3", "-m", "pip", "install", "--user", "--no-index", "--find-links", wheels,
+            "--no-warn-script-location", "--no-cache-dir",
+            *(["--upgrade", *constraints] if constraints else []),
+            "--", spec.text,
+        ]  # fmt: skip
+        result = await self._run(
+            box,
+            argv,
+            b"",
+            language="shell",
+            timeout_s=INSTALL_TIMEOUT_S,
+            extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
+        )
+        if result.status != "lost":
+            await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
+        return result
+
+    async def _import_check(self, box: Sandbox, spec: packages.PackageSpec) -> str:
+        """What importing the installed distribution's top-level modules printed (stderr)."""
+        result = await self._run(
+            box, ["python3", "-c", IMPORT_CHECK, spec.name], b"", language="shell",
+            timeout_s=INSTALL_TIMEOUT_S,
+        )  # fmt: skip
+        return result.stderr
 
     def _install_result(self, box: Sandbox, output: str, elapsed_s: float) -> ExecutionResult:
         return ExecutionResult(

@@ -20,6 +20,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -148,8 +149,12 @@ def _tar_dir(root: Path) -> bytes:
     return buf.getvalue()
 
 
-async def fetch_pypi(spec: PackageSpec, *, python: str, machine: str, glibc: str) -> bytes:
-    """Wheels for ``spec`` and its dependencies, for the sandbox's interpreter, as a tar.gz."""
+async def fetch_pypi(
+    spec: PackageSpec, *, python: str, machine: str, glibc: str, constraints: Sequence[str] = ()
+) -> bytes:
+    """Wheels for ``spec`` and its dependencies, for the sandbox's interpreter, as a tar.gz.
+
+    ``constraints`` are pip constraint lines (``numpy<2``) applied to the resolution."""
     major_minor = "".join(python.split(".")[:2])
     with tempfile.TemporaryDirectory(prefix="harombe-wheels-") as tmp:
         argv = [
@@ -171,6 +176,10 @@ async def fetch_pypi(spec: PackageSpec, *, python: str, machine: str, glibc: str
         ]
         for tag in manylinux_platforms(machine, glibc):
             argv += ["--platform", tag]
+        if constraints:
+            constraint_file = Path(tmp) / "constraints.txt"
+            await asyncio.to_thread(constraint_file.write_text, "\n".join(constraints) + "\n")
+            argv += ["--constraint", str(constraint_file)]
         argv += ["--", spec.text]
         text = await _run(argv, cwd=tmp)
         wheels = await asyncio.to_thread(lambda: sorted(Path(tmp).glob("*.whl")))

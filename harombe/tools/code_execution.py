@@ -180,6 +180,7 @@ class CodeExecutionTools:
                 "stdout": result.stdout,
                 "stderr": result.stderr,
                 "error": result.error,
+                "warnings": result.warnings,
             }
 
         return await self._call("code_install_package", params, body, fields=fields)

@@ -124,3 +124,23 @@ console.log('Axios loaded');
         assert used["stdout"] == "Axios loaded\n", used
     finally:
         await sandbox_manager.stop()
+
+
+def test_data_processing_pipeline_runs_end_to_end() -> None:
+    """docs/examples/data_pipeline.py: pandas installed, CSV processed, results read back."""
+    out = subprocess.run(
+        [sys.executable, str(REPO / "docs/examples/data_pipeline.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in (
+        "Output: Processing complete!",
+        "Total Sales: $625",
+        "Average Sale: $156.25",
+        " Gadget: $325",
+        " Widget: $300",
+        "Files created: ['data', 'results.txt']",
+    ):
+        assert line in out.stdout, out.stdout  # fmt: skip

@@ -330,3 +330,29 @@ async def test_pip_installs_through_the_proxy(net_tools: CodeExecutionTools) -> 
     assert any(e["event"] == "egress.refused" and e["domain"] == "unknown.test" for e in events), (
         "the refusal is audited"
     )
+
+
+async def test_udp_and_raw_sockets_are_refused(
+    net_tools: CodeExecutionTools, origins: dict[str, str]
+) -> None:
+    """UDP out of the sandbox is refused at once; raw sockets cannot be opened."""
+    code = (
+        "import socket\n"
+        "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n"
+        f"u.connect(({origins['plain.test']!r}, 53))\n"
+        "try:\n"
+        "    u.send(b'x'); u.recv(10); udp = 'ANSWERED'\n"
+        "except OSError as e:\n"
+        "    udp = type(e).__name__\n"
+        "try:\n"
+        "    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP); raw = 'OPEN'\n"
+        "except OSError as e:\n"
+        "    raw = type(e).__name__\n"
+        "[udp, raw]"
+    )
+    result = await net_tools.code_execute(
+        language="python", code=code, network_enabled=True, allowed_domains=["plain.test"]
+    )
+    udp, raw = result["result"].strip("[]").replace("'", "").split(", ")
+    assert udp == "ConnectionRefusedError", result
+    assert raw in ("PermissionError", "OSError"), result  # gVisor: no raw sockets here at all
