@@ -119,7 +119,13 @@ class SandboxNetworks:
                 resolver=self.resolver,
                 allow_private=self.allow_private,
             )
-            await lease.proxy.start(gateway, PROXY_PORT)
+            try:
+                await lease.proxy.start(gateway, PROXY_PORT)
+            except OSError as exc:
+                raise InfrastructureError(
+                    f"the egress proxy cannot listen on {gateway}:{PROXY_PORT} ({exc.strerror}); "
+                    "network-enabled sandboxes need harombe to run on the Docker host"
+                ) from exc
             # Into the host from this bridge: the proxy's port only; anything else is refused
             # at once (REJECT, not DROP, so it fails fast).
             # Out of this bridge to anywhere else (other networks, other sandboxes, outside):
