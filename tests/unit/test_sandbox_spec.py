@@ -21,6 +21,7 @@ from harombe.images import debian_mirror
 from harombe.security import supervisor_files
 from harombe.security.channel import FrameDecoder, encode
 from harombe.security.docker_manager import translate
+from harombe.security.execution import _decode
 from harombe.security.sandbox import (
     RUN_ENV,
     argv_for,
@@ -28,7 +29,7 @@ from harombe.security.sandbox import (
     container_spec,
     new_sandbox_id,
 )
-from harombe.security.sandbox_manager import _decode, owner_is_gone
+from harombe.security.sandbox_manager import owner_is_gone
 
 
 def _spec(**limits: object) -> dict:
