@@ -51,7 +51,7 @@ class Execution:
 
         def get(self, sandbox_id: str) -> Sandbox: ...
 
-        def _session_fields(self, language: str) -> dict[str, Any]: ...
+        def _session_fields(self, box: Sandbox, language: str) -> dict[str, Any]: ...
 
         async def create_sandbox(
             self,
@@ -143,7 +143,7 @@ class Execution:
             "stream": on_output is not None,
         }
         if session:
-            msg.update(self._session_fields(language), env=msg["env"])
+            msg.update(self._session_fields(box, language), env=msg["env"])
         started = time.perf_counter()
         box.runs += 1
         try:

@@ -363,23 +363,13 @@ class HITLGate:
 
     async def check_approval(self, op: Operation) -> ApprovalDecision:
         started = time.monotonic()
+        classifier_failed = False
         try:
             assessment = self.classifier.assess(op)
         except Exception as exc:  # noqa: BLE001 - a broken custom rule must deny, not crash
             reason = Reason("the classifier failed", RiskLevel.CRITICAL, repr(exc))
             assessment = Assessment(RiskLevel.CRITICAL, True, 0.0, (reason,), frozenset())
-            decision = ApprovalDecision(
-                ApprovalStatus.DENIED, op, RiskLevel.CRITICAL, (reason,), "classifier_error",
-                round(time.monotonic() - started, 4), 0.0,
-                comment="fix the rule whose check raised; operations are denied until then",
-            )  # fmt: skip
-            log.error(
-                "hitl.decided", operation_id=op.operation_id, tool=op.tool_name,
-                sandbox_id=op.sandbox_id, risk="CRITICAL", reasons=[str(reason)],
-                decision="denied", decided_by="classifier_error", scope="once",
-                latency_s=decision.latency_s, timeout_s=0.0,
-            )  # fmt: skip
-            return decision
+            classifier_failed = True
 
         def decide(
             status: ApprovalStatus, by: str, *, comment: str | None = None, scope: str = "once"
@@ -404,6 +394,12 @@ class HITLGate:
             )
             return decision
 
+        if classifier_failed:
+            return decide(
+                ApprovalStatus.DENIED,
+                "classifier_error",
+                comment="fix the rule whose check raised; operations are denied until then",
+            )
         if not assessment.require_approval:
             return decide(ApprovalStatus.AUTO_APPROVED, "rule")
         if assessment.risk == RiskLevel.LOW and self.auto_approve_low_risk:

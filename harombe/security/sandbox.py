@@ -180,6 +180,7 @@ class Sandbox:
     network_enabled: bool = False
     allowed_domains: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # added to every run's environment
+    js_worker_sent: bool = False  # the supervisor has the JavaScript worker's source
     created_at: float = field(default_factory=time.time)
     runs: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -111,6 +111,7 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         self._replaced: dict[str, str] = {}
         self._started = False
         self._late_cpu_limit = True  # see harombe.security.cgroups
+        self._extra_cas = b""
         network = self.sandbox_config.network
         self.networks = SandboxNetworks(
             docker_manager,
@@ -178,6 +179,7 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
                 f"{', '.join(sorted(runtimes)) or 'none'}); run scripts/setup.sh, or add it to "
                 "/etc/docker/daemon.json and restart dockerd"
             )
+        self._extra_cas = await self._read_extra_cas()  # a bad path fails here, not per sandbox
         await self.sweep_orphans()
         self._started = True
         self.pool = self._new_pool()
@@ -262,7 +264,7 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         if self.sandbox_config.stateful and box.language in SESSION_LANGUAGES:
             # Start the session interpreter now, so the first call on it pays nothing.
             reply, _ = await box.channel.request(
-                {"op": "warm", **self._session_fields(box.language)}, timeout_s=START_TIMEOUT_S
+                {"op": "warm", **self._session_fields(box, box.language)}, timeout_s=START_TIMEOUT_S
             )
             if not reply.get("ok"):
                 await self._discard(box)
@@ -273,17 +275,21 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         await box.channel.close()
         await self.docker.remove_container(box.container_id)
 
-    def _session_fields(self, language: str) -> dict[str, Any]:
-        """What the supervisor needs to start the session interpreter for ``language``."""
+    def _session_fields(self, box: Sandbox, language: str) -> dict[str, Any]:
+        """What the supervisor needs to start the session interpreter for ``language``.
+
+        The JavaScript worker's source goes to a sandbox once; its supervisor keeps it, so
+        calls do not carry it each time."""
         fields: dict[str, Any] = {
             "session": True,
             "language": language,
-            "env": RUN_ENV,
+            "env": {**RUN_ENV, **box.env},
             "cwd": "/workspace",
             "max_pids": self.limits.max_pids,
         }
-        if language == "javascript":
+        if language == "javascript" and not box.js_worker_sent:
             fields["worker_source"] = JS_WORKER_SOURCE
+            box.js_worker_sent = True
         return fields
 
     async def _launch(
@@ -349,11 +355,26 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
             if self._late_cpu_limit:
                 # The boot ran unthrottled; the quota binds before any code can run here.
                 await self.docker.limit_cpu(container_id, cpu_cores=cfg.limits.max_cpu_cores)
-        except LimitNotAppliedError as exc:
+            box = Sandbox(
+                sandbox_id=sandbox_id,
+                container_id=container_id,
+                language=language,
+                image=image,
+                runtime=cfg.network.runtime if network_enabled else cfg.runtime,
+                channel=channel,
+                info=info,
+                network_enabled=network_enabled,
+                allowed_domains=tuple(allowed_domains),
+                env=env,
+            )
+            if lease is not None:
+                await self._install_ca_bundle(box)
+        except BaseException as exc:
+            # Nothing half-started is kept: not the channel, not the container.
             if channel is not None:
                 await channel.close()
             await asyncio.shield(self.docker.remove_container(container_id))
-            if not self._late_cpu_limit:
+            if not isinstance(exc, LimitNotAppliedError):
                 raise
             log.warning("sandbox.cpu_limit_fallback", reason=str(exc))
             self._late_cpu_limit = False  # Docker's create-time quota from now on
@@ -361,31 +382,12 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
                 sandbox_id, language, image, started,
                 pooled=pooled, lease=lease, allowed_domains=allowed_domains,
             )  # fmt: skip
-        except BaseException:
-            if channel is not None:
-                await channel.close()
-            await asyncio.shield(self.docker.remove_container(container_id))
-            raise
-        box = Sandbox(
-            sandbox_id=sandbox_id,
-            container_id=container_id,
-            language=language,
-            image=image,
-            runtime=cfg.network.runtime if network_enabled else cfg.runtime,
-            channel=channel,
-            info=info,
-            network_enabled=network_enabled,
-            allowed_domains=tuple(allowed_domains),
-            env=env,
-        )
-        if lease is not None:
-            await self._install_ca_bundle(box)
         log.info(
             "sandbox.created",
             sandbox_id=sandbox_id,
             language=language,
             image=image,
-            runtime=cfg.runtime,
+            runtime=box.runtime,
             pooled=pooled,
             duration_s=round(time.perf_counter() - started, 4),
         )
@@ -400,23 +402,27 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         await self.networks.detach(sandbox_id)
         log.info("sandbox.destroyed", sandbox_id=sandbox_id, runs=box.runs)
 
-    async def _install_ca_bundle(self, box: Sandbox) -> None:
-        """The image's CA bundle plus the configured extra CAs, before any code runs."""
+    async def _read_extra_cas(self) -> bytes:
+        """The configured extra CA certificates, read once when the manager starts."""
         extra = b""
         for path in self.sandbox_config.network.extra_ca_certificates:
             try:
                 pem = await asyncio.to_thread(Path(path).read_bytes)
-                extra += pem.rstrip(b"\n") + b"\n"
             except OSError as exc:
                 raise ConfigError(
                     f"security.sandbox.network.extra_ca_certificates: cannot read {path} "
                     f"({exc.strerror}); give the path of a PEM file on this host"
                 ) from None
+            extra += pem.rstrip(b"\n") + b"\n"
+        return extra
+
+    async def _install_ca_bundle(self, box: Sandbox) -> None:
+        """The image's CA bundle plus the configured extra CAs, before any code runs."""
         script = (
             f"mkdir -p {CA_BUNDLE.rsplit('/', 1)[0]} && "
             f"cat /etc/ssl/certs/ca-certificates.crt - > {CA_BUNDLE}"
         )
-        result = await self._run(box, ["bash", "-c", script], extra, language="shell",
+        result = await self._run(box, ["bash", "-c", script], self._extra_cas, language="shell",
                                  timeout_s=30)  # fmt: skip
         if not result.success:
             raise SandboxStartError(f"could not write the CA bundle: {result.stderr.strip()}")

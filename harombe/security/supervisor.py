@@ -295,7 +295,7 @@ def main():
             if worker is not None:
                 worker.died(status)
                 del workers[worker.language]
-            elif run is not None and pid == run.pid:
+            elif isinstance(run, Run) and pid == run.pid:
                 run.reaped(status, rusage)
         if run is not None:
             run.tick(time.monotonic())
@@ -313,6 +313,8 @@ def main():
 
 def handle(msg, blob, run, sel, workers):
     op, rid = msg.get("op"), msg.get("id")
+    if "worker_source" in msg:  # sent once per sandbox; kept for every later Node start
+        JS_WORKER[0] = msg.pop("worker_source")
     if op == "run":
         if run is not None:
             fail(rid, "Busy", "a run is active")

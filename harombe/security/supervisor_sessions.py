@@ -27,6 +27,8 @@ SESSION_LANGUAGES = ("python", "javascript")
 #: Languages whose interpreter died between runs (``kill -9 -1`` from a shell call, say): the
 #: next run on a new interpreter reports ``state_lost`` so the loss is never silent.
 LOST_BETWEEN_RUNS = set()
+#: The JavaScript worker's source: the host sends it once per sandbox, for every later start.
+JS_WORKER = [""]
 
 
 class Worker:
@@ -70,7 +72,7 @@ class Worker:
                     scope = {"__name__": "harombe_worker"}
                     exec(compile(PY_WORKER_SOURCE, "<harombe-worker>", "exec"), scope)
                     scope["serve_python"]()
-                argv = ["node", "-e", msg["worker_source"]]
+                argv = ["node", "-e", JS_WORKER[0]]
                 os.execvpe(argv[0], argv, env)
             except BaseException as exc:
                 try:
@@ -212,7 +214,6 @@ class SessionRun(Supervised):
         self.stdout_tail = b""
         self.state_lost = worker.language in LOST_BETWEEN_RUNS
         LOST_BETWEEN_RUNS.discard(worker.language)
-        self.pid = worker.pid
         worker.run = self
         worker.submit({"cell": rid, "stream": bool(msg.get("stream"))}, code)
 
@@ -233,9 +234,6 @@ class SessionRun(Supervised):
                 self.exit_code = 128 + self.term_signal
             else:
                 self.exit_code = os.WEXITSTATUS(status)
-
-    def reaped(self, status, rusage):  # never called: the worker's death goes through died()
-        pass
 
     def stop(self, status, now):
         """Interrupt the code (state kept); kill the interpreter if it does not come back."""

@@ -233,3 +233,13 @@ async def test_session_scope_matches_a_fresh_script(
     """Names a script can count on in a fresh process exist in the session too."""
     result = await run(tools, fresh_sandbox, language, code)
     assert result["result"] == expected, result
+
+
+async def test_node_session_restarts_after_process_exit(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """process.exit() ends the Node session with state_lost; the next call gets a new one."""
+    ended = await run(tools, fresh_sandbox, "javascript", "var kept = 1; process.exit(3)")
+    assert ended["exit_code"] == 3 and ended["state_lost"] is True
+    again = await run(tools, fresh_sandbox, "javascript", "typeof kept")
+    assert again["result"] == "'undefined'" and again["success"], again

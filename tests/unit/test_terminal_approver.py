@@ -54,6 +54,14 @@ def read_until(fd: int, marker: bytes, timeout_s: float = 20.0) -> bytes:
     return seen
 
 
+def read_available(fd: int) -> bytes:
+    """Whatever ``fd`` holds right now (nothing waits)."""
+    seen = b""
+    while select.select([fd], [], [], 0.05)[0]:
+        seen += os.read(fd, 4096)
+    return seen
+
+
 def approver_on(slave: int, **kwargs: float) -> TerminalApprover:
     output = os.fdopen(os.dup(slave), "w", encoding="utf-8")
     return TerminalApprover(input_fd=slave, output=output, **kwargs)
@@ -149,3 +157,20 @@ def test_prompt_in_a_separate_process() -> None:
         os.close(master)
     assert b"approved for this sandbox" in rest
     assert b"RESULT approved sandbox sandbox_grant" in rest
+
+
+async def test_concurrent_questions_are_asked_one_at_a_time(terminal: tuple[int, int]) -> None:
+    """Two calls waiting for approval: the second question appears after the first is answered."""
+    master, slave = terminal
+    gate = HITLGate(approver=approver_on(slave))
+    first = asyncio.create_task(gate.check_approval(OP))
+    second = asyncio.create_task(gate.check_approval(OP))
+    shown = await asyncio.to_thread(read_until, master, b"Approve?")
+    await asyncio.sleep(0.2)  # room for a second question to appear, if it were not held back
+    shown += await asyncio.to_thread(read_available, master)
+    assert shown.count(b"approval needed") == 1
+    os.write(master, b"y\n")
+    assert (await first).status is ApprovalStatus.APPROVED
+    await asyncio.to_thread(read_until, master, b"Approve?")
+    os.write(master, b"n\n")
+    assert (await second).status is ApprovalStatus.DENIED
