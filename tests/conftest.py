@@ -1,4 +1,7 @@
-"""Fixtures that drive real gVisor containers. No Docker → these tests fail, never skip."""
+"""Fixtures that drive real gVisor containers. No Docker → these tests fail, never skip.
+
+A test that uses ``docker_manager`` (directly or through another fixture) is marked
+``integration``; everything else must run without Docker (``scripts/test.sh --unit``)."""
 
 from collections.abc import AsyncIterator
 
@@ -11,7 +14,9 @@ from harombe.tools.code_execution import CodeExecutionTools
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/integration" in str(item.fspath):
+        if "docker_manager" in getattr(item, "fixturenames", ()) or "tests/integration" in str(
+            item.fspath
+        ):
             item.add_marker(pytest.mark.integration)
 
 
