@@ -1,8 +1,12 @@
 """Package installs: downloaded on the host, copied in, installed offline inside the sandbox.
 
 The sandbox never gets network for an install. The host downloads with this machine's own pip
-(wheels only, for the sandbox's Python, CPU and glibc) or npm (``--ignore-scripts``), so no
-package code runs on the host; the files are unpacked inside the sandbox and installed there.
+or npm configuration, unprivileged, and nothing of a package runs there: PyPI trees are walked
+by harombe one level at a time, wheels only, for the sandbox's Python, CPU and glibc, refusing
+URL/VCS/path dependencies anywhere in the tree; npm trees are resolved to a lockfile that must
+hold registry releases only before anything is fetched, and installed with scripts off (see
+:mod:`harombe.security.packages`). The files are unpacked inside the sandbox and installed
+there, offline.
 """
 
 from __future__ import annotations

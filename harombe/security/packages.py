@@ -6,20 +6,20 @@ npm aliases and option-looking strings are refused before anything runs.
 
 Downloads happen on the host with the machine's own pip / npm configuration (index URLs,
 proxies, CA bundles) — harombe never names a registry host — and are then copied into the
-sandbox, which stays offline. No package code runs on the host: pip fetches wheels only
-(``--only-binary=:all:``) and npm runs with ``--ignore-scripts``.
+sandbox, which stays offline. Nothing of a package runs on the host: pip is never allowed to
+resolve (harombe walks the tree itself and refuses URL/VCS/path dependencies anywhere in it,
+:mod:`~harombe.security.pypi_fetch`), npm installs a lockfile harombe has checked holds
+registry releases only (:mod:`~harombe.security.npm_fetch`), and both run unprivileged in a
+private directory (:mod:`~harombe.security.fetch_runner`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
-import os
 import re
 import shutil
-import sys
 import tarfile
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +29,8 @@ import structlog
 from packaging.requirements import InvalidRequirement, Requirement
 
 from harombe.errors import PackageFetchError, PackageSpecError
+from harombe.security import npm_fetch, pypi_fetch
+from harombe.security.fetch_runner import FetchArea
 
 log = structlog.get_logger(__name__)
 
@@ -36,6 +38,8 @@ Registry = Literal["pypi", "npm"]
 REGISTRIES: tuple[Registry, ...] = ("pypi", "npm")
 NPM_NAME = re.compile(r"^(?:@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*$")
 NPM_RANGE = re.compile(r"^[0-9A-Za-z.+\-*^~<>=| ]{1,128}$")
+MAX_SPEC_CHARS = 512
+#: The whole download (every pip / npm run of one install) must finish within this.
 FETCH_TIMEOUT_S = 600
 
 
@@ -56,6 +60,11 @@ def parse_spec(package: str, registry: str = "pypi") -> PackageSpec:
         )
     if not isinstance(package, str) or not package.strip():
         raise PackageSpecError("package spec is empty; give a name such as 'requests==2.31.0'")
+    if len(package) > MAX_SPEC_CHARS:
+        raise PackageSpecError(
+            f"package spec is {len(package)} characters long; a registry spec (name and "
+            f"version) is at most {MAX_SPEC_CHARS}"
+        )
     text = package.strip()
     if text.startswith("-") or any(c in text for c in "\n\r\t\\"):
         raise PackageSpecError(f"package spec {package!r} looks like an option; give a name")
@@ -113,39 +122,14 @@ def manylinux_platforms(machine: str, glibc: str) -> list[str]:
     return tags
 
 
-async def _run(argv: list[str], *, cwd: str, env: dict[str, str] | None = None) -> str:
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            cwd=cwd,
-            env=env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-    except FileNotFoundError:
-        raise PackageFetchError(
-            f"{argv[0]} is not installed on the host; harombe downloads packages with the "
-            f"host's {Path(argv[0]).name} (install it, e.g. `apt-get install npm`)"
-        ) from None
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), FETCH_TIMEOUT_S)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise PackageFetchError(f"{argv[0]} did not finish within {FETCH_TIMEOUT_S}s") from None
-    text = out.decode("utf-8", "replace")
-    if proc.returncode != 0:
-        tail = "\n".join(text.strip().splitlines()[-12:])
-        raise PackageFetchError(f"downloading the package failed:\n{tail}")
-    return text
+def _tar(paths: Sequence[Path]) -> bytes:
+    """``paths`` (files, or directories taken whole) as a tar.gz, each under its base name.
 
-
-def _tar_dir(root: Path) -> bytes:
+    Links are stored as links, never followed."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        for child in sorted(root.iterdir()):
-            tar.add(child, arcname=child.name)
+        for path in paths:
+            tar.add(path, arcname=path.name)
     return buf.getvalue()
 
 
@@ -154,68 +138,48 @@ async def fetch_pypi(
 ) -> bytes:
     """Wheels for ``spec`` and its dependencies, for the sandbox's interpreter, as a tar.gz.
 
-    ``constraints`` are pip constraint lines (``numpy<2``) applied to the resolution."""
-    major_minor = "".join(python.split(".")[:2])
-    with tempfile.TemporaryDirectory(prefix="harombe-wheels-") as tmp:
-        argv = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--progress-bar",
-            "off",
-            "--only-binary=:all:",
-            "--dest",
-            tmp,
-            "--implementation",
-            "cp",
-            "--python-version",
-            major_minor,
-        ]
-        for tag in manylinux_platforms(machine, glibc):
-            argv += ["--platform", tag]
-        if constraints:
-            constraint_file = Path(tmp) / "constraints.txt"
-            await asyncio.to_thread(constraint_file.write_text, "\n".join(constraints) + "\n")
-            argv += ["--constraint", str(constraint_file)]
-        argv += ["--", spec.text]
-        text = await _run(argv, cwd=tmp)
-        wheels = await asyncio.to_thread(lambda: sorted(Path(tmp).glob("*.whl")))
-        if not wheels:
-            raise PackageFetchError(f"pip downloaded no wheel for {spec.text}:\n{text[-800:]}")
+    ``constraints`` are extra version limits (``numpy<2``) applied while resolving. Resolution
+    is harombe's own, level by level, so no package code can run on the host
+    (:mod:`harombe.security.pypi_fetch`); a URL, VCS or path dependency anywhere in the tree
+    raises :class:`PackageSpecError`, a dependency without a wheel :class:`PackageFetchError`."""
+    target = pypi_fetch.Target(python=python, machine=machine, glibc=glibc)
+    area = await asyncio.to_thread(FetchArea, "harombe-wheels-")
+    try:
+        async with asyncio.timeout(FETCH_TIMEOUT_S):
+            wheels = await pypi_fetch.resolve(
+                area, spec.text, target, manylinux_platforms(machine, glibc), constraints
+            )
         log.debug("package.fetched", registry="pypi", spec=spec.text, files=len(wheels))
-        return await asyncio.to_thread(_tar_dir, Path(tmp))
+        return await asyncio.to_thread(_tar, [w.path for w in wheels])
+    except TimeoutError:
+        raise PackageFetchError(
+            f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
+            "network and package index configuration"
+        ) from None
+    finally:
+        await asyncio.to_thread(area.close)
 
 
 async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
-    """``node_modules`` for ``spec`` (install scripts not run) as a tar.gz, and npm's output."""
+    """``node_modules`` for ``spec`` (registry releases only, install scripts not run) as a
+    tar.gz, and npm's output. See :mod:`harombe.security.npm_fetch`."""
     npm = shutil.which("npm")
     if npm is None:
         raise PackageFetchError(
             "npm is not installed on the host; harombe downloads npm packages with the host's "
             "npm (install it, e.g. `apt-get install npm`)"
         )
-    with tempfile.TemporaryDirectory(prefix="harombe-npm-") as tmp:
-        manifest = Path(tmp, "package.json")
-        await asyncio.to_thread(manifest.write_text, '{"name":"harombe-install","private":true}')
-        env = {**os.environ, "npm_config_update_notifier": "false"}
-        argv = [
-            npm,
-            "install",
-            "--ignore-scripts",
-            "--no-audit",
-            "--no-fund",
-            "--omit=dev",
-            "--no-package-lock",
-            "--prefix",
-            tmp,
-            "--",
-            spec.text,
-        ]
-        text = await _run(argv, cwd=tmp, env=env)
-        modules = Path(tmp, "node_modules")
-        if not await asyncio.to_thread(modules.is_dir):
-            raise PackageFetchError(f"npm installed nothing for {spec.text}:\n{text[-800:]}")
-        return await asyncio.to_thread(_tar_dir, modules), text
+    area = await asyncio.to_thread(FetchArea, "harombe-npm-")
+    try:
+        async with asyncio.timeout(FETCH_TIMEOUT_S):
+            modules, output = await npm_fetch.fetch_tree(area, npm, spec.text)
+        archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()))
+        log.debug("package.fetched", registry="npm", spec=spec.text)
+        return archive, output
+    except TimeoutError:
+        raise PackageFetchError(
+            f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
+            "network and package index configuration"
+        ) from None
+    finally:
+        await asyncio.to_thread(area.close)

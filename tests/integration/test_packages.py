@@ -106,3 +106,37 @@ async def test_install_after_a_failed_import_works_in_the_same_session(
     again = await tools.code_execute(language=language, code=use, sandbox_id=fresh_sandbox)
     assert again["success"] and again["state_lost"] is False, again
     assert again["result"] in ("'1.16.0'", "true")
+
+
+async def test_pypi_package_with_a_dependency_tree_installs(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A package with dependencies (resolved by harombe level by level, wheels only) installs
+    with its whole tree, extras included, and imports offline."""
+    result = await tools.code_install_package(
+        sandbox_id=fresh_sandbox, package="requests[socks]==2.31.0", registry="pypi"
+    )
+    assert result["success"] is True, result
+    used = await tools.code_execute(
+        language="python",
+        sandbox_id=fresh_sandbox,
+        code="import requests, urllib3, idna, certifi, charset_normalizer, socks\n"
+        "print(requests.__version__)",
+    )
+    assert used["stdout"] == "2.31.0\n", used
+
+
+async def test_npm_package_with_a_dependency_installs(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """An npm package with a dependency installs from a checked, registry-only lockfile."""
+    result = await tools.code_install_package(
+        sandbox_id=fresh_sandbox, package="debug@4.3.4", registry="npm"
+    )
+    assert result["success"] is True, result
+    used = await tools.code_execute(
+        language="javascript",
+        sandbox_id=fresh_sandbox,
+        code="console.log(typeof require('debug'), typeof require('ms'))",
+    )
+    assert used["stdout"] == "function function\n", used

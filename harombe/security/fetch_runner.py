@@ -1,0 +1,204 @@
+"""Runs the host's pip / npm for package downloads: unprivileged, in a private directory.
+
+Contract of :class:`FetchArea`:
+
+* Every program runs as an unprivileged user (``nobody`` when harombe runs as root; otherwise
+  harombe's own user), with no supplementary groups, umask 077, stdin closed, its own process
+  group (killed as a whole on timeout or cancellation), and an environment built from
+  scratch: ``PATH``, locale, proxy and CA-bundle variables and whatever the caller adds.
+  ``HOME`` and ``TMPDIR`` point into the area, so nothing of the user's home (caches,
+  credentials) is read or written.
+* The area's top directory belongs to harombe's user (mode 0711). A run gets a work directory
+  of its own that is handed to the download user for the run and taken back (owner root, mode
+  0700) as soon as the program exits, so what harombe then reads cannot be changed under it.
+* Everything is deleted when the area closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import pwd
+import shutil
+import signal
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from harombe.errors import PackageFetchError
+
+log = structlog.get_logger(__name__)
+
+#: Who runs the download tools when harombe itself runs as root.
+DOWNLOAD_USER = "nobody"
+NOBODY_ID = 65534
+RUN_TIMEOUT_S = 600.0
+OUTPUT_TAIL_LINES = 12
+#: Environment passed through to pip / npm: locale, proxies and CA bundles — never PYTHON*,
+#: NODE_OPTIONS or anything else that could load code into the download tool.
+PASSTHROUGH_ENV = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Identity:
+    """The user a download runs as; ``uid is None`` means harombe's own (non-root) user."""
+
+    uid: int | None
+    gid: int | None
+
+    @property
+    def label(self) -> str:
+        return "the current user" if self.uid is None else f"uid {self.uid}"
+
+
+def download_identity() -> Identity:
+    """``nobody`` when running as root (uid 65534 if there is no such entry), else ourselves."""
+    if os.geteuid() != 0:
+        return Identity(None, None)
+    try:
+        entry = pwd.getpwnam(DOWNLOAD_USER)
+    except KeyError:
+        return Identity(NOBODY_ID, NOBODY_ID)
+    return Identity(entry.pw_uid, entry.pw_gid)
+
+
+def base_env(home: Path) -> dict[str, str]:
+    """A fresh environment for a download tool whose home is ``home``."""
+    env = {k: v for k in PASSTHROUGH_ENV if (v := os.environ.get(k)) is not None}
+    env.setdefault("PATH", os.defpath)
+    env.update(HOME=str(home), TMPDIR=str(home), XDG_CACHE_HOME=str(home / ".cache"))
+    env["XDG_CONFIG_HOME"] = str(home / ".config")
+    return env
+
+
+class FetchArea:
+    """A private directory tree for one package download (see the module docstring)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.identity = download_identity()
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        # 0711: the download user may pass through to its own work directory, nothing more.
+        os.chmod(self.root, 0o711)
+        self._count = 0
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def new_dir(self, name: str) -> Path:
+        """A work directory owned by harombe (0700), to lend to runs with :meth:`run`."""
+        self._count += 1
+        path = self.root / f"{self._count:03d}-{name}"
+        path.mkdir(mode=0o700)
+        (path / "home").mkdir(mode=0o700)
+        return path
+
+    def _lend(self, path: Path) -> None:
+        if self.identity.uid is None:
+            return
+        for target in (path, path / "home"):
+            os.chown(target, self.identity.uid, self.identity.gid or NOBODY_ID)
+        for child in path.iterdir():
+            # Files harombe wrote for the tool (package.json) become the tool's to edit.
+            if child.name != "home" and child.is_file() and not child.is_symlink():
+                os.chown(child, self.identity.uid, self.identity.gid or NOBODY_ID)
+
+    def _reclaim(self, path: Path) -> None:
+        if self.identity.uid is None:
+            return
+        os.chown(path, os.geteuid(), os.getegid(), follow_symlinks=False)
+        os.chmod(path, 0o700, follow_symlinks=False)
+
+    async def run(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        env: Mapping[str, str],
+        pass_fds: Sequence[int] = (),
+        timeout_s: float = RUN_TIMEOUT_S,
+    ) -> tuple[int, str]:
+        """Run ``argv`` in ``cwd`` as the download user; its exit code and combined output."""
+        self._lend(cwd)
+        ident = self.identity
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=str(cwd),
+                env=dict(env),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,
+                umask=0o077,
+                user=ident.uid,
+                group=ident.gid,
+                extra_groups=[] if ident.uid is not None else None,
+            )
+        except PermissionError as exc:  # the download user may not execute this program
+            self._reclaim(cwd)
+            return 126, f"{exc} (as {ident.label})"
+        except FileNotFoundError:
+            self._reclaim(cwd)
+            raise PackageFetchError(
+                f"{argv[0]} is not installed on the host; harombe downloads packages with the "
+                f"host's {Path(argv[0]).name} (install it, e.g. `apt-get install npm`)"
+            ) from None
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except TimeoutError:
+            await _stop(proc)
+            self._reclaim(cwd)
+            raise PackageFetchError(
+                f"{Path(argv[0]).name} did not finish within {timeout_s:.0f}s; check the "
+                "host's network and package index configuration"
+            ) from None
+        except asyncio.CancelledError:
+            await _stop(proc)
+            self._reclaim(cwd)
+            raise
+        self._reclaim(cwd)
+        text = out.decode("utf-8", "replace")
+        log.debug("package.tool_ran", tool=Path(argv[0]).name, exit_code=proc.returncode,
+                  user=ident.label)  # fmt: skip
+        return proc.returncode if proc.returncode is not None else -1, text
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Kill the tool and everything in its process group. The group id cannot have been
+    reused: either the tool has not been reaped yet, or members of its group still hold its
+    output pipe open (which is why the call had not returned)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    await asyncio.shield(proc.wait())
+
+
+def tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a tool's output, for error messages."""
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def memfd_with(content: bytes, name: str) -> int:
+    """An anonymous in-memory file holding ``content``, to hand a tool as ``/proc/self/fd/N``.
+
+    Used for configuration the download user may not read from disk (root's ``~/.npmrc``):
+    the content reaches the tool without ever being written to a file."""
+    fd = os.memfd_create(name)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

@@ -1,0 +1,456 @@
+"""PyPI downloads on the host in which no package code can run.
+
+pip's resolver acts on whatever a wheel's metadata says: a ``Requires-Dist`` of the form
+``name @ https://…/x.tar.gz`` or ``name @ git+…`` makes it fetch and *build* that source tree
+on the host while resolving — ``--only-binary=:all:`` does not apply to direct references. So
+pip never resolves here. harombe resolves itself, one level at a time:
+
+1. pip downloads exact registry requirements with ``--no-deps --only-binary=:all:`` for the
+   sandbox's interpreter and platform — a plain name can only ever select a wheel, and pip
+   reads no dependency metadata at all;
+2. harombe reads each wheel's ``METADATA`` as data (zip member, size-capped) and refuses the
+   whole install if any ``Requires-Dist`` is a direct URL, VCS or path reference — whether or
+   not its marker or extra applies — naming the distribution and the requirement;
+3. the ``Requires-Dist`` lines that apply to the sandbox (markers evaluated for its Python and
+   platform, extras as requested) become the next level's requirements.
+
+pip runs under :class:`~harombe.security.fetch_runner.FetchArea` (unprivileged, private
+home) inside a guard that refuses, in-process, to start any program or import any build tool,
+so even a pip that wanted to build could not. The final install inside the sandbox uses pip's
+real resolver, offline, over the wheels fetched here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+import shutil
+import stat
+import sys
+import zipfile
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+
+import structlog
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
+
+from harombe.errors import PackageFetchError, PackageSpecError
+from harombe.security.fetch_runner import FetchArea, Identity, base_env, tail
+
+log = structlog.get_logger(__name__)
+
+MAX_ROUNDS = 40
+MAX_DISTRIBUTIONS = 400
+METADATA_MAX_BYTES = 4 * 1024 * 1024
+GUARD_MARK = "harombe-guard-refused"
+#: pip settings from this machine's configuration that are passed on: where to download from
+#: and how to connect. Anything else (no-binary, build options, targets) is dropped, so the
+#: configuration cannot turn the download into a build.
+PIP_SETTINGS = frozenset(
+    {
+        "index-url", "extra-index-url", "no-index", "find-links", "trusted-host", "cert",
+        "client-cert", "proxy", "timeout", "default-timeout", "retries", "constraint", "pre",
+        "prefer-binary", "keyring-provider", "use-feature", "resume-retries",
+    }
+)  # fmt: skip
+#: Runs pip with an audit hook that refuses to start programs (pip builds and VCS checkouts are
+#: always subprocesses) or import build tools. The refusal is an OSError, which pip and its
+#: vendored libraries catch around their optional probes (`rustc --version`, `lsb_release`);
+#: anything else pip needed fails the download, loudly.
+#: Started with ``-I -S``: sys.path is the standard library plus argv[1], a directory that
+#: holds pip and nothing else, so no build backend is even on the path.
+PIP_GUARD = f"""
+import sys
+_BUILD_TOOLS = frozenset(("setuptools", "distutils", "_distutils_hack", "pkg_resources",
+    "wheel", "hatchling", "flit_core", "poetry", "pdm", "maturin", "mesonpy",
+    "scikit_build_core", "Cython", "pbr", "sipbuild", "enscons", "pyproject_hooks", "build"))
+_SPAWN = frozenset(("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+    "os.fork", "os.forkpty", "pty.spawn"))
+def _guard(event, args):
+    if event in _SPAWN:
+        raise PermissionError("{GUARD_MARK}: pip tried to start a program (%s %r)"
+                              % (event, args[:2]))
+    if event == "import" and str(args[0]).split(".")[0] in _BUILD_TOOLS:
+        raise ImportError("{GUARD_MARK}: pip tried to import the build tool %s" % (args[0],))
+sys.addaudithook(_guard)
+sys.path.insert(0, sys.argv.pop(1))
+import runpy
+sys.argv[0] = "pip"
+runpy.run_module("pip", run_name="__main__", alter_sys=True)
+"""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The sandbox interpreter and platform that wheels are chosen and markers judged for."""
+
+    python: str
+    machine: str
+    glibc: str
+
+    @property
+    def python_version(self) -> str:
+        return ".".join(self.python.split(".")[:2])
+
+    def marker_env(self) -> dict[str, str]:
+        """PEP 508 marker variables of the sandbox (not of the host)."""
+        full = self.python if self.python.count(".") >= 2 else f"{self.python_version}.0"
+        return {
+            "implementation_name": "cpython",
+            "implementation_version": full,
+            "os_name": "posix",
+            "platform_machine": self.machine,
+            "platform_release": "",
+            "platform_system": "Linux",
+            "platform_version": "",
+            "python_full_version": full,
+            "platform_python_implementation": "CPython",
+            "python_version": self.python_version,
+            "sys_platform": "linux",
+        }
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A downloaded wheel: its canonical name, version, file and dependency requirements."""
+
+    name: str
+    version: Version
+    path: Path
+    requires: tuple[Requirement, ...]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} {self.version}"
+
+
+@dataclass
+class Want:
+    """A distribution the tree needs: combined version range, extras, and who asked first."""
+
+    name: str
+    specifier: SpecifierSet
+    extras: set[str] = field(default_factory=set)
+    needed_by: str = "the request"
+
+    @property
+    def pip_text(self) -> str:
+        return f"{self.name}{self.specifier}"
+
+
+def _url_refusal(label: str, line: str, root: str) -> PackageSpecError:
+    return PackageSpecError(
+        f"{label} depends on {line.strip()!r}, a direct URL, VCS or path reference; harombe "
+        "installs registry releases only and never fetches or builds such a dependency on the "
+        f"host. Install a release of {root} whose dependencies are all published on the "
+        "package index (or publish the dependency there and depend on it by name)"
+    )
+
+
+def parse_requires(label: str, lines: Iterable[str], root: str) -> tuple[Requirement, ...]:
+    """``Requires-Dist`` lines of ``label`` as requirements; refuses URL/VCS/path references.
+
+    Refusal is unconditional — a reference under a marker or extra that does not apply here
+    still refuses — and so is an unreadable line (pip would read it its own way)."""
+    parsed: list[Requirement] = []
+    for line in lines:
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as exc:
+            if "@" in line or "://" in line or re.search(r"\b(git|hg|svn|bzr)\+", line):
+                raise _url_refusal(label, line, root) from None
+            raise PackageSpecError(
+                f"{label} declares a dependency harombe cannot read ({line.strip()!r}: {exc}); "
+                f"install another release of {root}"
+            ) from None
+        if req.url is not None:
+            raise _url_refusal(label, line, root)
+        parsed.append(req)
+    return tuple(parsed)
+
+
+def applies(req: Requirement, env: Mapping[str, str], extra: str) -> bool:
+    """Whether ``req`` is needed in ``env`` when the depending distribution's ``extra`` ("" for
+    none) was requested."""
+    if req.marker is None:
+        return extra == ""
+    return req.marker.evaluate({**env, "extra": extra})
+
+
+def wanted(
+    root: Requirement,
+    picks: Mapping[str, Wheel],
+    env: Mapping[str, str],
+    constraints: Mapping[str, SpecifierSet] | None = None,
+) -> dict[str, Want]:
+    """Every distribution reachable from ``root`` through the wheels picked so far.
+
+    Pure. A distribution not picked yet is a leaf; its range combines every edge into it."""
+    wants: dict[str, Want] = {}
+    expanded: set[tuple[str, str]] = set()
+    queue: deque[tuple[Requirement, str]] = deque([(root, "the request")])
+    while queue:
+        req, needed_by = queue.popleft()
+        name = canonicalize_name(req.name)
+        want = wants.get(name)
+        if want is None:
+            base = (constraints or {}).get(name, SpecifierSet())
+            want = wants[name] = Want(name, base, needed_by=needed_by)
+        want.specifier &= req.specifier
+        want.extras |= {canonicalize_name(e) for e in req.extras}
+        pick = picks.get(name)
+        if pick is None:
+            continue
+        for extra in ("", *sorted(want.extras)):
+            if (name, extra) in expanded:
+                continue
+            expanded.add((name, extra))
+            queue.extend((dep, pick.label) for dep in pick.requires if applies(dep, env, extra))
+    return wants
+
+
+def stale(wants: Mapping[str, Want], picks: Mapping[str, Wheel]) -> list[Want]:
+    """Wanted distributions with no wheel yet, or whose wheel falls outside the range."""
+    return [
+        w
+        for name, w in wants.items()
+        if name not in picks or not w.specifier.contains(picks[name].version, prereleases=True)
+    ]
+
+
+def read_requires_dist(path: Path) -> list[str]:
+    """The ``Requires-Dist`` lines of the wheel at ``path``, read as data only.
+
+    The file is opened without following links and must be a regular file; the METADATA member
+    must sit in the wheel's single top-level ``.dist-info`` directory and be at most
+    ``METADATA_MAX_BYTES``."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            raise PackageFetchError(f"{path.name} is not a regular file")
+        try:
+            with zipfile.ZipFile(handle) as wheel:
+                members = [
+                    i
+                    for i in wheel.infolist()
+                    if re.fullmatch(r"[^/]+\.dist-info/METADATA", i.filename)
+                ]
+                if len(members) != 1 or members[0].file_size > METADATA_MAX_BYTES:
+                    raise PackageFetchError(
+                        f"{path.name} is not a valid wheel (no single, reasonably sized "
+                        ".dist-info/METADATA); install another release"
+                    )
+                with wheel.open(members[0]) as meta:
+                    raw = meta.read(METADATA_MAX_BYTES + 1)
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise PackageFetchError(f"{path.name} is not a valid wheel: {exc}") from None
+    headers = HeaderParser().parsestr(raw[:METADATA_MAX_BYTES].decode("utf-8", "replace"))
+    return [str(v) for v in headers.get_all("Requires-Dist") or []]
+
+
+def collect_wheels(dest: Path, root: str) -> dict[str, Wheel]:
+    """The wheels pip left in ``dest`` (a directory harombe owns again), with requirements."""
+    found: dict[str, Wheel] = {}
+    if not dest.is_dir() or dest.is_symlink():
+        return found
+    for entry in os.scandir(dest):
+        if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".whl"):
+            raise PackageFetchError(
+                f"pip produced {entry.name!r}, which is not a wheel; harombe installs wheels only"
+            )
+        try:
+            name, version, _, _ = parse_wheel_filename(entry.name)
+        except InvalidWheelFilename as exc:
+            raise PackageFetchError(f"pip produced an invalid wheel name: {exc}") from None
+        label = f"{name} {version}"
+        requires = parse_requires(label, read_requires_dist(Path(entry.path)), root)
+        found[str(name)] = Wheel(str(name), version, Path(entry.path), requires)
+    return found
+
+
+def _pip_config() -> dict[str, str]:
+    """This machine's pip settings (files and environment) as ``PIP_*`` variables.
+
+    Read with pip's own loader in harombe's process, so the download user need not be able to
+    read root's ``~/.config/pip/pip.conf``; only :data:`PIP_SETTINGS` are kept."""
+    try:
+        from pip._internal.configuration import Configuration
+
+        config = Configuration(isolated=False)
+        config.load()
+        items = list(config.items())
+    except Exception as exc:  # noqa: BLE001 - pip's loader is no public API: say so, don't guess
+        raise PackageFetchError(
+            f"could not read this machine's pip configuration ({exc}); check `pip config list`"
+        ) from None
+    ranked: dict[str, tuple[int, str]] = {}
+    for key, value in items:
+        section, _, name = key.partition(".")
+        rank = {"global": 0, "download": 1, ":env:": 2}.get(section)
+        if rank is None or name not in PIP_SETTINGS:
+            continue
+        if rank >= ranked.get(name, (-1, ""))[0]:
+            ranked[name] = (rank, str(value))
+    return {"PIP_" + k.upper().replace("-", "_"): v for k, (_, v) in ranked.items()}
+
+
+_CONFIG_LOCK = asyncio.Lock()
+
+
+async def pip_env(home: Path) -> dict[str, str]:
+    """The environment for the guarded pip: machine settings, no config files, no cache."""
+    async with _CONFIG_LOCK:  # the first call imports pip's loader (~0.2 s), once
+        settings = await asyncio.to_thread(_pip_config)
+    env = base_env(home)
+    env.update(settings)
+    env.update(
+        PIP_CONFIG_FILE=os.devnull,
+        PIP_NO_CACHE_DIR="1",
+        PIP_NO_INPUT="1",
+        PIP_DISABLE_PIP_VERSION_CHECK="1",
+        PYTHONNOUSERSITE="1",
+    )
+    return env
+
+
+@dataclass(frozen=True)
+class PipRuntime:
+    """An interpreter the download user can run, and a directory holding only pip."""
+
+    python: str
+    pip_path: Path
+
+
+#: The interpreter found for each download identity (probed once per process).
+_RUNNABLE: dict[Identity, str] = {}
+
+
+def _interpreters() -> list[str]:
+    found = [sys.executable, getattr(sys, "_base_executable", ""), "/usr/bin/python3"]
+    found.append(shutil.which("python3") or "")
+    return list(dict.fromkeys(p for p in found if p))
+
+
+async def pip_runtime(area: FetchArea) -> PipRuntime:
+    """Link harombe's own pip into a pip-only directory of ``area`` and find an interpreter
+    the download user can start (harombe's may live in root's private home)."""
+    spec = importlib.util.find_spec("pip")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    if not locations:
+        raise PackageFetchError("pip is not installed for harombe's Python; `pip install pip`")
+    pip_path = area.root / "pip-only"
+    pip_path.mkdir(mode=0o755)
+    (pip_path / "pip").symlink_to(locations[0], target_is_directory=True)
+    known = _RUNNABLE.get(area.identity)
+    if known is not None:
+        return PipRuntime(known, pip_path)
+    probe = area.new_dir("probe")
+    check = f"import sys; sys.path.insert(0, {str(pip_path)!r}); import pip"
+    for python in _interpreters():
+        code, _ = await area.run([python, "-I", "-S", "-c", check], cwd=probe, env=base_env(probe))
+        if code == 0:
+            _RUNNABLE[area.identity] = python
+            return PipRuntime(python, pip_path)
+    raise PackageFetchError(
+        f"no Python interpreter that {area.identity.label} can run could import harombe's pip "
+        f"({locations[0]}); install python3 system-wide (e.g. `apt-get install python3`) and "
+        "keep harombe's environment readable by that user"
+    )
+
+
+def pip_argv(
+    runtime: PipRuntime, wants: Sequence[Want], dest: Path, target: Target, platforms: Sequence[str]
+) -> list[str]:
+    """The guarded ``pip download --no-deps`` of exactly ``wants`` for ``target``."""
+    argv = [
+        runtime.python, "-I", "-S", "-c", PIP_GUARD, str(runtime.pip_path),
+        "download", "--no-deps", "--only-binary=:all:",
+        "--progress-bar", "off", "--dest", str(dest),
+        "--implementation", "cp", "--python-version", target.python_version.replace(".", ""),
+    ]  # fmt: skip
+    for tag in platforms:
+        argv += ["--platform", tag]
+    return [*argv, "--", *(w.pip_text for w in wants)]
+
+
+async def resolve(
+    area: FetchArea,
+    root_text: str,
+    target: Target,
+    platforms: Sequence[str],
+    constraints: Sequence[str] = (),
+) -> list[Wheel]:
+    """Wheels for ``root_text`` and everything it needs in ``target``; see the module docstring.
+
+    Raises :class:`PackageSpecError` for a URL/VCS/path reference anywhere in the tree, and
+    :class:`PackageFetchError` when a needed distribution has no wheel for the sandbox."""
+    root = Requirement(root_text)
+    limits: dict[str, SpecifierSet] = {}
+    for line in constraints:
+        limit = Requirement(line)
+        limits[canonicalize_name(limit.name)] = limit.specifier
+    env_markers = target.marker_env()
+    picks: dict[str, Wheel] = {}
+    runtime = await pip_runtime(area)
+    for _ in range(MAX_ROUNDS):
+        wants = wanted(root, picks, env_markers, limits)
+        if len(wants) > MAX_DISTRIBUTIONS:
+            raise PackageFetchError(
+                f"{root_text} needs more than {MAX_DISTRIBUTIONS} distributions; install a "
+                "smaller package"
+            )
+        todo = stale(wants, picks)
+        if not todo:
+            return [picks[name] for name in wants]
+        work = area.new_dir("pip")
+        dest = work / "wheels"  # made by pip, as the download user
+        code, output = await area.run(
+            pip_argv(runtime, todo, dest, target, platforms),
+            cwd=work,
+            env=await pip_env(work / "home"),
+        )
+        if code != 0:
+            raise _pip_failure(todo, target, output)
+        fetched = await asyncio.to_thread(collect_wheels, dest, root.name)
+        for want in todo:
+            got = fetched.get(want.name)
+            if got is None:
+                raise PackageFetchError(
+                    f"pip downloaded no wheel for {want.pip_text} (needed by {want.needed_by}):"
+                    f"\n{tail(output)}"
+                )
+            old = picks.get(want.name)
+            if old is not None and old.version == got.version:
+                raise PackageFetchError(f"could not settle a version of {want.pip_text}")
+            picks[want.name] = got
+        log.debug("package.level_fetched", spec=root_text, wheels=[w.pip_text for w in todo])
+    raise PackageFetchError(
+        f"the dependencies of {root_text} did not settle within {MAX_ROUNDS} rounds; pin "
+        "the versions of its dependencies"
+    )
+
+
+def _pip_failure(todo: Sequence[Want], target: Target, output: str) -> PackageFetchError:
+    asked = ", ".join(f"{w.pip_text} (needed by {w.needed_by})" for w in todo)
+    if GUARD_MARK in output:
+        return PackageFetchError(
+            f"pip tried to run a program or build tool while downloading {asked}; refused, "
+            f"nothing ran:\n{tail(output)}"
+        )
+    if "No matching distribution" in output or "from versions: none" in output:
+        return PackageFetchError(
+            f"no wheel of {asked} for the sandbox (CPython {target.python_version}, "
+            f"{target.machine}, glibc {target.glibc}) is on the package index (or the "
+            "versions asked for conflict); harombe installs wheels only and never builds "
+            "source distributions, so choose a version that publishes a wheel for this "
+            f"platform:\n{tail(output)}"
+        )
+    return PackageFetchError(f"downloading {asked} failed:\n{tail(output)}")
