@@ -23,12 +23,14 @@ real resolver, offline, over the wheels fetched here.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.util
 import os
 import re
 import shutil
 import stat
 import sys
+import tempfile
 import zipfile
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -329,8 +331,19 @@ class PipRuntime:
     pip_path: Path
 
 
-#: The interpreter found for each download identity (probed once per process).
-_RUNNABLE: dict[Identity, str] = {}
+#: The interpreter and pip directory found for each download identity (probed once per process).
+_RUNNABLE: dict[Identity, tuple[str, Path]] = {}
+
+
+def _readable_pip_copy(source: Path) -> Path:
+    """A copy of the pip package in a fresh directory only root can write and anyone can read."""
+    parent = Path(tempfile.mkdtemp(prefix="harombe-pip-"))  # unguessable, ours, 0700
+    atexit.register(shutil.rmtree, parent, True)
+    target = parent / "pip"
+    shutil.copytree(source, target, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in (parent, *target.rglob("*")):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644, follow_symlinks=False)
+    return target
 
 
 def _interpreters() -> list[str]:
@@ -348,17 +361,25 @@ async def pip_runtime(area: FetchArea) -> PipRuntime:
         raise PackageFetchError("pip is not installed for harombe's Python; `pip install pip`")
     pip_path = area.root / "pip-only"
     pip_path.mkdir(mode=0o755)
-    (pip_path / "pip").symlink_to(locations[0], target_is_directory=True)
     known = _RUNNABLE.get(area.identity)
     if known is not None:
-        return PipRuntime(known, pip_path)
+        (pip_path / "pip").symlink_to(known[1], target_is_directory=True)
+        return PipRuntime(known[0], pip_path)
     probe = area.new_dir("probe")
     check = f"import sys; sys.path.insert(0, {str(pip_path)!r}); import pip"
-    for python in _interpreters():
-        code, _ = await area.run([python, "-I", "-S", "-c", check], cwd=probe, env=base_env(probe))
-        if code == 0:
-            _RUNNABLE[area.identity] = python
-            return PipRuntime(python, pip_path)
+    # harombe's own pip first; when the download user cannot reach it (an environment under a
+    # private directory), a read-only copy that root owns, made once per process.
+    for source in (Path(locations[0]), None):
+        if source is None:
+            source = await asyncio.to_thread(_readable_pip_copy, Path(locations[0]))
+        (pip_path / "pip").unlink(missing_ok=True)
+        (pip_path / "pip").symlink_to(source, target_is_directory=True)
+        for python in _interpreters():
+            argv = [python, "-I", "-S", "-c", check]
+            code, _ = await area.run(argv, cwd=probe, env=base_env(probe))
+            if code == 0:
+                _RUNNABLE[area.identity] = (python, source)
+                return PipRuntime(python, pip_path)
     raise PackageFetchError(
         f"no Python interpreter that {area.identity.label} can run could import harombe's pip "
         f"({locations[0]}); install python3 system-wide (e.g. `apt-get install python3`) and "

@@ -390,3 +390,23 @@ def test_refused_npm_dependency_is_named_from_the_debug_log(tmp_path: Path) -> N
     assert "evil@1.0.0's dependency payload@http://127.0.0.1:9/p.tgz" in str(error)
     plain = _npm_failure("evil@1.0.0", "npm error code E404\n", tmp_path)
     assert isinstance(plain, PackageFetchError)
+
+
+def test_pip_copy_for_the_download_user_is_readable_and_root_writable_only() -> None:
+    """The fallback copy of pip is world-readable, writable by its owner alone, and complete."""
+    import importlib.util
+    import stat
+
+    from harombe.security.pypi_fetch import _readable_pip_copy
+
+    spec = importlib.util.find_spec("pip")
+    assert spec is not None and spec.submodule_search_locations
+    source = Path(next(iter(spec.submodule_search_locations)))
+    copy = _readable_pip_copy(source)
+    assert (copy / "__init__.py").is_file()
+    assert (copy / "_internal" / "commands" / "download.py").is_file()
+    for path in (copy.parent, copy, *copy.rglob("*")):
+        mode = path.lstat().st_mode
+        assert path.lstat().st_uid == os.geteuid(), path
+        assert not mode & (stat.S_IWGRP | stat.S_IWOTH), path
+        assert mode & stat.S_IROTH, path
