@@ -4,6 +4,11 @@ One :class:`Channel` per sandbox. A background task reads the stream, routes rep
 request that is waiting for them (by ``id``) and streaming chunks to their callback. When the
 stream ends — the container died, was removed, or the supervisor crashed — every waiting
 request fails with :class:`~harombe.errors.SandboxLostError`, and so does every later one.
+
+The stream comes from inside a sandbox, so nothing in it is trusted: every frame's lengths are
+checked against caps before its body is buffered (``max_json_bytes``, ``max_blob_bytes``, and
+the same cap on the streamed output of one request), and a frame out of bounds or not a JSON
+object ends the channel like a crash: the sandbox is lost and replaced, never trusted again.
 """
 
 from __future__ import annotations
@@ -25,6 +30,11 @@ log = structlog.get_logger(__name__)
 
 HEADER = struct.Struct(">II")
 STDERR_TAIL_BYTES = 4096
+#: The largest JSON part of a frame: replies are a few fields, a result's repr, a listing.
+MAX_JSON_BYTES = 8 * 1024 * 1024
+#: Room past the largest legitimate blob (file contents, or both output streams of a run).
+BLOB_SLACK_BYTES = 1024 * 1024
+DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024 + BLOB_SLACK_BYTES
 # How long a cancelled run may take to stop (SIGTERM or SIGINT, then SIGKILL after the grace).
 CANCEL_WAIT_S = 10.0
 OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
@@ -37,21 +47,49 @@ def encode(msg: dict[str, Any], blob: bytes = b"") -> bytes:
     return HEADER.pack(len(data), len(blob)) + data + blob
 
 
-class FrameDecoder:
-    """Turns a byte stream into ``(message, blob)`` frames."""
+def blob_cap_bytes(max_file_bytes: int, max_output_bytes: int) -> int:
+    """The largest blob a sandbox with these limits can legitimately send in one frame."""
+    return max(max_file_bytes, 2 * max_output_bytes) + BLOB_SLACK_BYTES
 
-    def __init__(self) -> None:
+
+class ProtocolError(Exception):
+    """The sandbox sent something outside the protocol (too large, or not a JSON object)."""
+
+
+class FrameDecoder:
+    """Turns a byte stream into ``(message, blob)`` frames, refusing any frame over the caps.
+
+    The lengths are checked as soon as the header is in, so a header that claims gigabytes
+    costs nothing: the buffer never holds more than one capped frame plus one read.
+    """
+
+    def __init__(
+        self, *, max_json_bytes: int = MAX_JSON_BYTES, max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
+    ) -> None:
         self._buf = bytearray()
+        self._max_json_bytes = max_json_bytes
+        self._max_blob_bytes = max_blob_bytes
 
     def feed(self, data: bytes) -> list[Reply]:
+        """The frames completed by ``data``; raises :class:`ProtocolError` on a bad one."""
         self._buf += data
         frames = []
         while len(self._buf) >= HEADER.size:
             jlen, blen = HEADER.unpack_from(self._buf)
+            if jlen > self._max_json_bytes or blen > self._max_blob_bytes:
+                raise ProtocolError(
+                    f"a frame of {jlen} + {blen} bytes, over the caps of {self._max_json_bytes} "
+                    f"(JSON) and {self._max_blob_bytes} (blob)"
+                )
             end = HEADER.size + jlen + blen
             if len(self._buf) < end:
                 break
-            msg = json.loads(bytes(self._buf[HEADER.size : HEADER.size + jlen]))
+            try:
+                msg = json.loads(bytes(self._buf[HEADER.size : HEADER.size + jlen]))
+            except (ValueError, RecursionError) as exc:
+                raise ProtocolError(f"a frame that is not JSON ({exc})") from None
+            if not isinstance(msg, dict):
+                raise ProtocolError(f"a frame that is not a JSON object ({type(msg).__name__})")
             frames.append((msg, bytes(self._buf[HEADER.size + jlen : end])))
             del self._buf[:end]
         return frames
@@ -60,12 +98,22 @@ class FrameDecoder:
 class Channel:
     """Request/response over one sandbox's stdio. Not safe for two concurrent runs."""
 
-    def __init__(self, stdio: AttachedStdio, *, sandbox_id: str) -> None:
+    def __init__(
+        self,
+        stdio: AttachedStdio,
+        *,
+        sandbox_id: str,
+        max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
+        max_json_bytes: int = MAX_JSON_BYTES,
+    ) -> None:
         self._stdio = stdio
         self._sandbox_id = sandbox_id
+        self._max_blob_bytes = max_blob_bytes
+        self._max_json_bytes = max_json_bytes
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Reply]] = {}
         self._streams: dict[int, OutputCallback] = {}
+        self._streamed: dict[int, int] = {}  # bytes of output streamed so far, per request
         self._hello: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._stderr_tail = b""
         self._lost: str | None = None
@@ -132,6 +180,7 @@ class Channel:
         finally:
             self._pending.pop(rid, None)
             self._streams.pop(rid, None)
+            self._streamed.pop(rid, None)
 
     async def send(self, msg: dict[str, Any]) -> None:
         """Fire-and-forget message (``cancel``); its reply is ignored."""
@@ -139,7 +188,9 @@ class Channel:
             await self._stdio.write(encode({**msg, "id": next(self._ids)}))
 
     async def _read_loop(self) -> None:
-        decoder = FrameDecoder()
+        decoder = FrameDecoder(
+            max_json_bytes=self._max_json_bytes, max_blob_bytes=self._max_blob_bytes
+        )
         reason = f"sandbox {self._sandbox_id} ended: the container stopped"
         try:
             while (item := await self._stdio.read()) is not None:
@@ -149,6 +200,9 @@ class Channel:
                     continue
                 for msg, blob in decoder.feed(data):
                     await self._dispatch(msg, blob)
+        except ProtocolError as exc:
+            reason = f"sandbox {self._sandbox_id} broke the protocol: it sent {exc}"
+            log.warning("channel.protocol_violated", sandbox_id=self._sandbox_id, reason=str(exc))
         except Exception as exc:  # noqa: BLE001 - any failure here means the channel is gone
             reason = f"sandbox {self._sandbox_id} channel failed: {exc!r}"
         self._fail(reason)
@@ -161,7 +215,11 @@ class Channel:
             return
         if op == "out":
             callback = self._streams.get(rid) if isinstance(rid, int) else None
-            if callback is not None:
+            if callback is not None and isinstance(rid, int):
+                total = self._streamed.get(rid, 0) + len(blob)
+                if total > self._max_blob_bytes:
+                    raise ProtocolError(f"{total} bytes of streamed output for one run")
+                self._streamed[rid] = total
                 maybe = callback(str(msg.get("stream")), blob)
                 if maybe is not None:
                     await maybe
@@ -185,6 +243,9 @@ class Channel:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
+                # Marked retrieved: a request that timed out has stopped waiting for it (its
+                # shield was cancelled), and asyncio would log the exception as never retrieved.
+                future.exception()
         self._stdio.close()
 
     async def close(self) -> None:

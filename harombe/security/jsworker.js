@@ -31,8 +31,64 @@ for (const [name, value] of Object.entries(scope)) {
 const RESULT_LIMIT = 10000;
 let cell = 0;
 let interrupt = null; // rejects the pending async part of a run on SIGINT
+let interrupted = false; // SIGINT arrived during this run: stop waiting for pending work
+
+// A call ends when its code and the work it left (timers, fs requests) are done, as a script
+// run by `node -` ends when its event loop is empty. Timers are tracked as they are made,
+// because an unref()'d one never shows among the active resources: a script would exit
+// without it, so the session cannot be kept with it either (the supervisor restarts it).
+const sleep = setTimeout;
+const turn = setImmediate;
+const timers = new Set();
+function tracked(make) {
+  const wrapper = function (...args) {
+    const timer = Reflect.apply(make, this, args);
+    if (timer && typeof timer === 'object') timers.add(timer);
+    return timer;
+  };
+  Object.defineProperties(wrapper, Object.getOwnPropertyDescriptors(make));
+  return wrapper;
+}
+const timersModule = require('timers');
+for (const name of ['setTimeout', 'setInterval', 'setImmediate']) {
+  const wrapped = tracked(globalThis[name]);
+  for (const holder of [globalThis, timersModule]) {
+    try { holder[name] = wrapped; } catch { /* left as it was: still seen while ref()'d */ }
+  }
+}
+const WORK = /^(Timeout|Immediate)$|Req/; // timers and requests; handles (pipes, servers) wait for input
+
+function stray() {
+  const left = [];
+  for (const timer of timers) {
+    if (timer._destroyed) timers.delete(timer);
+    else if (typeof timer.hasRef === 'function' && !timer.hasRef()) left.push('unref()\'d timer');
+  }
+  return left;
+}
+
+function summary(names) {
+  const counts = new Map();
+  for (const name of names) counts.set(name, (counts.get(name) || 0) + 1);
+  return [...counts].slice(0, 16).map(([name, n]) => (n > 1 ? `${n} x ${name}` : name).slice(0, 64));
+}
+
+async function settle() {
+  // One turn of the event loop first: process.nextTick callbacks and microtasks the code
+  // queued run now, in this call, not in the next one.
+  await new Promise((resolve) => { turn(resolve); });
+  for (;;) {
+    const unref = stray();
+    if (unref.length) return summary(unref);
+    const work = process.getActiveResourcesInfo().filter((name) => WORK.test(name));
+    if (!work.length) return [];
+    if (interrupted) return summary(work);
+    await new Promise((resolve) => { sleep(resolve, 5); });
+  }
+}
 
 process.on('SIGINT', () => {
+  interrupted = true;
   if (interrupt) interrupt(new Error('Script execution was interrupted by `SIGINT`'));
 });
 process.on('uncaughtException', (err) => {
@@ -62,8 +118,9 @@ function reply(msg) {
   while (offset < frame.length) offset += fs.writeSync(4, frame, offset);
 }
 
-async function runCell(code) {
+async function runCell(code, id) {
   cell += 1;
+  interrupted = false;
   const started = process.cpuUsage();
   let exitCode = 0;
   let result = null;
@@ -84,8 +141,16 @@ async function runCell(code) {
   } finally {
     interrupt = null;
   }
+  let leftover = [];
+  try {
+    leftover = await settle();
+  } catch (err) {
+    leftover = ['pending work that could not be checked'];
+  }
   const used = process.cpuUsage(started);
   reply({
+    cell: id,
+    leftover,
     exit_code: exitCode,
     result,
     cpu_s: (used.user + used.system) / 1e6,
@@ -96,16 +161,24 @@ async function runCell(code) {
 // A socket, not an fs stream: a pipe read on libuv's thread pool would hold up process.exit().
 const input = new net.Socket({ fd: 3, readable: true, writable: false });
 let buffer = Buffer.alloc(0);
-let queue = Promise.resolve();
+// The first frame says the worker's own threads are up (libuv starts its pool on first use,
+// so a stat starts it now): the supervisor counts any thread beyond these as user code's.
+let queue = new Promise((resolve) => {
+  fs.stat('/', () => {
+    reply({ ready: true, threads: fs.readdirSync('/proc/self/task').slice(0, 256) });
+    resolve();
+  });
+});
 input.on('data', (chunk) => {
   buffer = Buffer.concat([buffer, chunk]);
   while (buffer.length >= 8) {
     const jlen = buffer.readUInt32BE(0);
     const blen = buffer.readUInt32BE(4);
     if (buffer.length < 8 + jlen + blen) break;
+    const request = JSON.parse(buffer.subarray(8, 8 + jlen).toString('utf8'));
     const code = buffer.subarray(8 + jlen, 8 + jlen + blen).toString('utf8');
     buffer = buffer.subarray(8 + jlen + blen);
-    queue = queue.then(() => runCell(code));
+    queue = queue.then(() => runCell(code, request.cell));
   }
 });
 input.on('end', () => process.exit(0));

@@ -158,6 +158,8 @@ def serve_python():
     # As for ``python3 -`` (fresh runs), so code behaves the same in both modes.
     namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": "<stdin>"}
     cell = 0
+    setitimer = signal.setitimer
+    _TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
     # Everything alive now is the interpreter's own: keep the collector off those pages so
     # processes that user code forks share them instead of copying them.
     gc.freeze()
@@ -191,7 +193,7 @@ def serve_python():
                     result = repr(value)[:RESULT_LIMIT]
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):
-                exit_code = exc.code or 0
+                exit_code = int(exc.code or 0)
             else:
                 print(exc.code, file=sys.stderr)
                 exit_code = 1
@@ -215,6 +217,11 @@ def serve_python():
         usage = resource.getrusage(resource.RUSAGE_SELF)
         tail = bytes(sink.data)
         sink.data.clear()
-        reply = {"exit_code": exit_code, "result": result, "cpu_s": round(cpu_s, 6),
-                 "maxrss_kb": usage.ru_maxrss}  # fmt: skip
+        # A timer the code armed would interrupt a later call: its effects end with this one.
+        for timer in _TIMERS:
+            setitimer(timer, 0)
+        if not isinstance(exit_code, int) or not -(1 << 31) <= exit_code < 1 << 31:
+            exit_code = 1  # sys.exit(10**100): still a failure, in a shape the protocol takes
+        reply = {"cell": request.get("cell"), "exit_code": exit_code, "result": result,
+                 "cpu_s": round(cpu_s, 6), "maxrss_kb": usage.ru_maxrss}  # fmt: skip
         write_frame(4, reply, tail)

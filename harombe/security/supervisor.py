@@ -24,7 +24,12 @@ user. A different uid cannot signal, ptrace or open the fds of the supervisor, s
 ``os.kill(1, 9)`` or ``kill -9 -1`` in user code cannot take the channel down (this gVisor release
 delivers signals to PID 1 like to any process, so being init protects nothing by itself).
 ``PR_SET_DUMPABLE=0`` is kept as a second lock. User code runs in its own session; when a run
-ends every other process in the sandbox is killed, so nothing a call starts outlives the call.
+ends every process in the sandbox is stopped at once and all but the session interpreters are
+killed (:func:`sweep`), so nothing a call starts outlives the call, and the interpreters stay
+stopped until their next run: between calls no user code runs at all, so every limit binds at
+all times. A session interpreter runs user code, so it is untrusted too: its frames are
+checked and capped, and one that breaks the protocol or keeps a thread past its call is killed
+and the call reports ``state_lost`` with a warning (see ``supervisor_sessions.py``).
 """
 
 import os
@@ -129,19 +134,65 @@ def rss_bytes_of_others():
     return total
 
 
+#: Largest mount a file area may have to be counted as files rather than memory: gVisor shows an
+#: unsized tmpfs as petabytes, and bytes there are bounded by nothing but memory.
+FILE_MOUNT_MAX_BYTES = 1 << 44
+#: Mounts that are shared memory, not a file area: their bytes are memory like any other.
+MEMORY_MOUNTS = ("/dev/shm", "/dev", "/run/shm")
+FILE_MOUNTS = []  # filled on first use by file_mounts()
+
+
+def file_mounts():
+    """The sized tmpfs mounts user files live in (/workspace, home, /tmp): capped by their own
+    size and by the container's backstop, so their bytes are not counted as user memory."""
+    if not FILE_MOUNTS:
+        found = []
+        try:
+            with open("/proc/mounts", "rb") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 3 and fields[2] == b"tmpfs" and b"size=" in fields[3]:
+                        path = fields[1].decode("utf-8", "replace")
+                        if path not in MEMORY_MOUNTS:
+                            found.append(path)
+        except OSError:
+            pass
+        FILE_MOUNTS[:] = found or [""]  # [""]: looked, found none
+    return [m for m in FILE_MOUNTS if m]
+
+
+def file_mount_bytes():
+    total = 0
+    for path in file_mounts():
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        if st.f_blocks * st.f_frsize <= FILE_MOUNT_MAX_BYTES:
+            total += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return total
+
+
 def sandbox_anon_bytes():
-    """Anonymous memory of the whole sandbox, tmpfs files excluded.
+    """Every byte user code holds in memory, in the whole sandbox.
 
     Under gVisor /proc/meminfo describes the sandbox, not the host, and counts a page shared by
-    forked processes once, which is what a memory limit should count.
+    forked processes once. Its ``AnonPages`` is anonymous memory plus every memory-backed file
+    (``Shmem``: tmpfs, /dev/shm, memfd_create, shared anonymous mappings). All of that is
+    memory, except the files of the sized file areas (/workspace, home, /tmp), which their own
+    size caps: those bytes (statvfs) are subtracted, and nothing else is.
     """
-    fields = {}
+    anon = shmem = 0
     with open("/proc/meminfo", "rb") as f:
         for line in f:
             key, _, rest = line.partition(b":")
-            if key in (b"AnonPages", b"Shmem"):
-                fields[key] = int(rest.split()[0]) * 1024
-    return fields.get(b"AnonPages", 0) - fields.get(b"Shmem", 0)
+            if key == b"AnonPages":
+                anon = int(rest.split()[0]) * 1024
+            elif key == b"Shmem":
+                shmem = int(rest.split()[0]) * 1024
+    if shmem:  # only then can a file area hold anything worth a statvfs each
+        anon -= min(shmem, file_mount_bytes())
+    return max(anon, 0)
 
 
 MEMORY_PROBES = {"meminfo": sandbox_anon_bytes, "rss": rss_bytes_of_others}
@@ -149,26 +200,50 @@ MEMORY_PROBES = {"meminfo": sandbox_anon_bytes, "rss": rss_bytes_of_others}
 
 #: Session interpreters (see supervisor_sessions.py): spared by the sweeps that end a call.
 PROTECTED = set()
+#: Rounds of stop-and-kill a sweep may take before it gives up (a fork chain outrunning it).
+SWEEP_ROUNDS = 64
 
 
-def kill_all_others(sig=signal.SIGKILL, spare_sessions=True):
-    """Signal every process in the sandbox except PID 1 (ourselves) and, unless told
-    otherwise, the session interpreters. Returns whether any process was signalled."""
-    if not (spare_sessions and PROTECTED):
+def kill_all_others(spare_sessions=True):
+    """End every process in the sandbox except PID 1 (ourselves) and, unless told otherwise,
+    the session interpreters, which are left stopped (see :func:`sweep`). Returns whether any
+    process was found."""
+    if not spare_sessions:
+        PROTECTED.clear()
+    return sweep()
+
+
+def sweep():
+    """Stop everything at once, then kill every process but the session interpreters; repeat
+    until a round finds no process it has not already killed. Returns whether any was found.
+
+    ``kill(-1, SIGSTOP)`` reaches every process but ourselves in one step, and a stopped process
+    cannot fork, so a chain of processes that fork and exit (each gone before a listing of
+    /proc could name it) is caught whole; a child born while the stop was being delivered
+    shows up in the next round. The session interpreters stay stopped: nothing of theirs runs
+    between calls (a run continues them, see ``Worker.thaw``). Zombies stay listed until
+    reaped, so a pid is killed once and only new pids make another round.
+    """
+    killed = set()
+    for _ in range(SWEEP_ROUNDS):
         try:
-            os.kill(-1, sig)
-            return True
+            os.kill(-1, signal.SIGSTOP)
         except ProcessLookupError:
-            return False
-    found = False
-    for name in os.listdir("/proc"):
-        if name.isdigit() and name != "1" and int(name) not in PROTECTED:
-            try:
-                os.kill(int(name), sig)
-                found = True
-            except (ProcessLookupError, PermissionError):
-                pass
-    return found
+            break
+        fresh = False
+        for name in os.listdir("/proc"):
+            if name.isdigit() and name != "1":
+                pid = int(name)
+                if pid not in PROTECTED and pid not in killed:
+                    killed.add(pid)
+                    fresh = True
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+        if not fresh:
+            break
+    return bool(killed)
 
 
 def child_setup(nproc):
@@ -230,13 +305,13 @@ def main():
     sel.register(wake_r, EVENT_READ, "wake")
     inbox = bytearray()
     run = None
-    workers = {}  # language -> Worker (supervisor_sessions.py)
+    workers = WORKERS  # language -> Worker (supervisor_sessions.py)
     prewarm = os.environ.get("HAROMBE_PREWARM", "")
     if prewarm in SESSION_LANGUAGES:
         # Started before the hello, so the interpreter boots while the host is still waiting
         # for us and sending its first request: on two cores the boot costs the call nothing.
         try:
-            workers[prewarm] = Worker(
+            Worker(
                 {
                     "language": prewarm,
                     "env": loads(os.environ.get("HAROMBE_USER_ENV", "{}")),
@@ -293,8 +368,7 @@ def main():
                 break
             worker = next((w for w in workers.values() if w.pid == pid), None)
             if worker is not None:
-                worker.died(status)
-                del workers[worker.language]
+                worker.died(status)  # and it leaves WORKERS
             elif isinstance(run, Run) and pid == run.pid:
                 run.reaped(status, rusage)
         if run is not None:
@@ -323,7 +397,7 @@ def handle(msg, blob, run, sel, workers):
             if msg.get("session") and msg.get("language") in SESSION_LANGUAGES:
                 worker = workers.get(msg["language"])
                 if worker is None:
-                    worker = workers[msg["language"]] = Worker(msg, sel)
+                    worker = Worker(msg, sel)  # registers itself in WORKERS
                 return SessionRun(rid, msg, blob, worker)
             return Run(rid, msg, blob, sel)
         except Refused as exc:
@@ -337,7 +411,7 @@ def handle(msg, blob, run, sel, workers):
     if op == "warm":  # start the session interpreter ahead of the first run (warm pool)
         try:
             if msg.get("language") in SESSION_LANGUAGES and msg["language"] not in workers:
-                workers[msg["language"]] = Worker(msg, sel)
+                Worker(msg, sel)  # registers itself in WORKERS
             send({"op": "result", "id": rid, "ok": True})
         except Exception as exc:
             fail(rid, type(exc).__name__, str(exc))

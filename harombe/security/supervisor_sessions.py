@@ -14,7 +14,16 @@ A :class:`SessionRun` is one call on a worker. A timeout or cancel first interru
 (SIGINT: ``KeyboardInterrupt`` in Python, ``breakOnSigint`` in Node), keeping the state; if the
 interpreter does not come back within the grace period it is killed and the result says
 ``state_lost``. Running out of memory always kills it. Everything else the call started is
-killed when the call ends, as for fresh runs.
+killed when the call ends, as for fresh runs, and the worker is stopped until its next call.
+
+The worker runs user code, which can write on its reply pipe, so the worker is untrusted: a
+frame over the caps, not JSON, not a reply to the current call, or a second reply kills it
+(:class:`Violation`); so does a thread beyond its own after a call (read from /proc), pending
+work it reports, or memory over the limit still held when the call ends. Each of these ends
+the session with ``state_lost`` and a warning saying why, never silently. A forged reply ends
+the call early, but the code that forged it is stopped with the worker: it can only go on
+inside a later call of the same session, under that call's limits, and its own reply then
+arrives out of turn, which that call reports as a lost session.
 """
 
 import os
@@ -22,17 +31,72 @@ import select
 import signal
 import struct
 import sys
+import time
 
 SESSION_LANGUAGES = ("python", "javascript")
-#: Languages whose interpreter died between runs (``kill -9 -1`` from a shell call, say): the
-#: next run on a new interpreter reports ``state_lost`` so the loss is never silent.
-LOST_BETWEEN_RUNS = set()
+#: Live interpreters by language. The main loop reaps through it; a worker that is retired
+#: (killed on purpose) leaves it at once, so its death is not reported a second time.
+WORKERS = {}
+#: Languages whose interpreter died between runs (``kill -9 -1`` from a shell call, say), with
+#: why: the next run on a new interpreter reports ``state_lost`` so the loss is never silent.
+LOST_BETWEEN_RUNS = {}
 #: The JavaScript worker's source: the host sends it once per sandbox, for every later start.
 JS_WORKER = [""]
+#: What a worker may send. It runs user code, so every frame is untrusted: a reply is a few
+#: numbers and the repr of a value, and the Python worker's held stdout (< 64 KiB in practice).
+MAX_REPLY_JSON_BYTES = 1 << 17
+MAX_REPLY_TAIL_BYTES = 1 << 20
+RESULT_LIMIT = 10000  # characters of a result's repr, as the workers cut it
+MAX_LEFTOVERS = 16
+#: How long a thread that was joined may take to vanish from /proc before it counts as left
+#: running (only paid when a thread is seen after a call).
+THREAD_EXIT_GRACE_S = 0.05
+THREAD_EXIT_POLL_S = 0.002
+REPLY_KEYS = frozenset(("cell", "exit_code", "result", "cpu_s", "maxrss_kb", "leftover"))
+
+
+class Violation(Exception):
+    """A worker sent something no honest worker sends: user code is writing on its channel."""
+
+
+def check_reply(reply, rid):
+    """Raise :class:`Violation` unless ``reply`` is a well-formed reply to request ``rid``."""
+    if type(reply) is not dict:
+        raise Violation("a reply that is not an object")
+    unknown = [k for k in reply if k not in REPLY_KEYS]
+    if unknown:
+        raise Violation("unknown reply fields %r" % (unknown[:3],))
+    if reply.get("cell") != rid or type(reply.get("cell")) is not int:
+        raise Violation("a reply to another call")
+    code = reply.get("exit_code")
+    if type(code) is not int or not -(1 << 31) <= code < 1 << 31:
+        raise Violation("an exit code that is not a 32-bit integer")
+    result = reply.get("result")
+    if result is not None and (type(result) is not str or len(result) > RESULT_LIMIT):
+        raise Violation("a result that is not a string of at most %d characters" % RESULT_LIMIT)
+    cpu = reply.get("cpu_s", 0)
+    if type(cpu) not in (int, float) or not 0 <= cpu < 1e9:
+        raise Violation("a CPU time out of range")
+    rss = reply.get("maxrss_kb", 0)
+    if type(rss) is not int or not 0 <= rss < 1 << 40:
+        raise Violation("a peak memory out of range")
+    left = reply.get("leftover", [])
+    if (
+        type(left) is not list
+        or len(left) > MAX_LEFTOVERS
+        or any(type(x) is not str or len(x) > 64 for x in left)
+    ):
+        raise Violation("a malformed list of leftovers")
 
 
 class Worker:
-    """A live interpreter for one language, its pipes, and the run it is serving (if any)."""
+    """A live interpreter for one language, its pipes, and the run it is serving (if any).
+
+    The worker runs user code, so it is treated as untrusted: its frames are checked and
+    capped (:func:`check_reply`), it is stopped between calls (``sweep`` leaves it stopped,
+    :meth:`thaw` continues it for the next run), and after each call it must be back to its
+    own threads (:meth:`leftovers`) or it is killed and the call says ``state_lost``.
+    """
 
     def __init__(self, msg, sel):
         self.language = msg["language"]
@@ -41,6 +105,9 @@ class Worker:
         self.replies = bytearray()
         self.pending = b""
         self.exit_status = None
+        self.retired = False
+        # Node reports when its own threads are up (a ``ready`` frame); Python has one thread.
+        self.baseline = None
         fds = {}
         for name in ("req", "rep", "out", "err"):
             fds[name] = os.pipe()
@@ -80,7 +147,10 @@ class Worker:
                 finally:
                     os._exit(127)
         self.pid = pid
+        if self.language == "python":
+            self.baseline = {str(pid)}
         PROTECTED.add(pid)
+        WORKERS[self.language] = self
         os.close(fds["req"][0])
         os.close(fds["rep"][1])
         os.close(fds["out"][1])
@@ -94,7 +164,14 @@ class Worker:
 
     @property
     def alive(self):
-        return self.exit_status is None
+        return self.exit_status is None and not self.retired
+
+    def thaw(self):
+        """Continue the interpreter (sweeps leave it stopped between calls)."""
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
 
     def submit(self, request, code):
         data = dumps(request)
@@ -119,8 +196,12 @@ class Worker:
             pass
 
     def on_io(self, fd, name):
+        if self.retired:
+            return
         if name == "req":
             self.flush_request()
+            return
+        if fd not in self.fds:
             return
         try:
             data = os.read(fd, CHUNK)
@@ -134,20 +215,79 @@ class Worker:
             del self.fds[fd]
             return
         if name == "ctl":
-            self.replies += data
-            while len(self.replies) >= HEADER.size:
-                jlen, blen = HEADER.unpack_from(self.replies)
-                end = HEADER.size + jlen + blen
-                if len(self.replies) < end:
-                    break
-                reply = loads(bytes(self.replies[HEADER.size : HEADER.size + jlen]))
-                tail = bytes(self.replies[HEADER.size + jlen : end])
-                del self.replies[:end]
-                if self.run is not None:
-                    self.run.replied(reply, tail)
+            try:
+                self.take_frames(data)
+            except Violation as exc:
+                self.retire("the session interpreter was restarted: something in it wrote "
+                            "on its reply channel (%s)" % exc)  # fmt: skip
         elif self.run is not None:
             self.run.output.feed(name, data)
-        # Output between runs (a background thread printing) has no run to go to: dropped.
+        # Output between runs (possible only while a fresh run has continued the worker)
+        # has no run to go to: dropped.
+
+    def take_frames(self, data):
+        """Parse the worker's frames; raise :class:`Violation` on anything out of bounds."""
+        self.replies += data
+        while len(self.replies) >= HEADER.size:
+            jlen, blen = HEADER.unpack_from(self.replies)
+            if jlen > MAX_REPLY_JSON_BYTES or blen > MAX_REPLY_TAIL_BYTES:
+                raise Violation("a frame of %d + %d bytes" % (jlen, blen))
+            end = HEADER.size + jlen + blen
+            if len(self.replies) < end:
+                break
+            try:
+                reply = loads(bytes(self.replies[HEADER.size : HEADER.size + jlen]))
+            except Exception:  # _json raises SystemError on some garbage, not only ValueError
+                raise Violation("a frame that is not JSON") from None
+            tail = bytes(self.replies[HEADER.size + jlen : end])
+            del self.replies[:end]
+            if self.baseline is None:  # Node's first frame, sent before any user code ran
+                threads = reply.get("threads") if type(reply) is dict else None
+                if (
+                    reply.get("ready") is not True
+                    or type(threads) is not list
+                    or len(threads) > 256
+                    or not all(type(t) is str and t.isdigit() for t in threads)
+                ):
+                    raise Violation("no ready frame")
+                self.baseline = set(threads)
+                continue
+            run = self.run
+            if run is None or run.exit_code is not None:
+                raise Violation("a reply with no call waiting for one")
+            check_reply(reply, run.rid)
+            run.replied(reply, tail)
+
+    def threads(self):
+        try:
+            return os.listdir("/proc/%d/task" % self.pid)
+        except OSError:
+            return []
+
+    def extra_threads(self):
+        return len(set(self.threads()) - (self.baseline or set()))
+
+    def leftovers(self, reported):
+        """Why the interpreter cannot be kept after a call, or None: threads beyond its own
+        (read from /proc, which user code cannot fake) or work the worker says is pending."""
+        extra = self.extra_threads()
+        deadline = time.monotonic() + THREAD_EXIT_GRACE_S
+        while extra and time.monotonic() < deadline:
+            # A thread that was joined may still be on its way out (its last steps in libc):
+            # let the worker run a moment, stop it again and look again.
+            self.thaw()
+            time.sleep(THREAD_EXIT_POLL_S)
+            try:
+                os.kill(self.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                return None  # it died: its death is reported through SIGCHLD
+            extra = self.extra_threads()
+        if extra:
+            return "%d background thread%s still running when the call ended" % (
+                extra, " was" if extra == 1 else "s were")  # fmt: skip
+        if reported:
+            return "work was still pending when the call ended (%s)" % ", ".join(reported)
+        return None
 
     def drain(self):
         """Read whatever the worker already wrote to stdout/stderr (non-blocking)."""
@@ -169,10 +309,10 @@ class Worker:
                 if self.run is not None:
                     self.run.output.feed(name, data)
 
-    def died(self, status):
-        self.exit_status = status
+    def close_pipes(self):
         PROTECTED.discard(self.pid)
-        self.drain()
+        if WORKERS.get(self.language) is self:
+            del WORKERS[self.language]
         for fd in list(self.fds):
             self.sel.unregister(fd)
             os.close(fd)
@@ -182,10 +322,31 @@ class Worker:
         except (KeyError, ValueError):
             pass
         os.close(self.req_fd)
+
+    def died(self, status):
+        self.exit_status = status
+        self.drain()
+        self.close_pipes()
         if self.run is not None:
             self.run.worker_died(status)
         else:
-            LOST_BETWEEN_RUNS.add(self.language)
+            LOST_BETWEEN_RUNS[self.language] = (
+                "the session interpreter ended between calls (killed from inside the sandbox); "
+                "its state is gone and this call ran on a new one"
+            )
+
+    def retire(self, reason):
+        """Kill the interpreter on purpose and say why: to the run it serves, or to the next."""
+        if self.retired or self.exit_status is not None:
+            return
+        self.retired = True
+        self.kill()
+        self.thaw()  # a stopped process takes its SIGKILL only once continued on some kernels
+        self.close_pipes()
+        if self.run is not None:
+            self.run.worker_lost(reason)
+        else:
+            LOST_BETWEEN_RUNS[self.language] = reason
 
     def spill(self):
         """Ask a Python worker to send the output it holds in memory down the pipe (SIGUSR1),
@@ -205,26 +366,36 @@ class Worker:
 
 
 class SessionRun(Supervised):
-    """One call on a :class:`Worker`; same timers, limits and report as a fresh ``Run``."""
+    """One call on a :class:`Worker`; same timers, limits and report as a fresh ``Run``.
+
+    The call's effects end with it: when the worker replies, a sweep kills every other process
+    and stops the worker; a thread or pending work left behind, a frame out of protocol, or
+    memory over the limit kills the worker, and the reply says ``state_lost`` with a warning.
+    """
 
     def __init__(self, rid, msg, code, worker):
         super().__init__(rid, msg)
         self.worker = worker
         self.result = None
         self.stdout_tail = b""
-        self.state_lost = worker.language in LOST_BETWEEN_RUNS
-        LOST_BETWEEN_RUNS.discard(worker.language)
+        self.leftover = []
+        self.warnings = []
+        lost = LOST_BETWEEN_RUNS.pop(worker.language, None)
+        self.state_lost = lost is not None
+        if lost:
+            self.warnings.append(lost)
         worker.run = self
+        worker.thaw()
         worker.submit({"cell": rid, "stream": bool(msg.get("stream"))}, code)
 
     def replied(self, reply, stdout_tail=b""):
         """The worker finished the code; ``stdout_tail`` is output it kept in memory."""
         self.stdout_tail = stdout_tail
-        if self.exit_code is None:
-            self.exit_code = int(reply.get("exit_code", 1))
-            self.result = reply.get("result")
-            self.cpu_s = float(reply.get("cpu_s", 0.0))
-            self.peak_rss = max(self.peak_rss, int(reply.get("maxrss_kb", 0)) * 1024)
+        self.exit_code = reply["exit_code"]
+        self.result = reply.get("result")
+        self.cpu_s = float(reply.get("cpu_s", 0.0))
+        self.peak_rss = max(self.peak_rss, reply.get("maxrss_kb", 0) * 1024)
+        self.leftover = reply.get("leftover", [])
 
     def worker_died(self, status):
         self.state_lost = True
@@ -235,12 +406,21 @@ class SessionRun(Supervised):
             else:
                 self.exit_code = os.WEXITSTATUS(status)
 
+    def worker_lost(self, reason):
+        """The worker was killed on purpose (see ``Worker.retire``)."""
+        self.state_lost = True
+        self.warnings.append(reason)
+        if self.exit_code is None:
+            self.exit_code = 128 + signal.SIGKILL
+            self.term_signal = signal.SIGKILL
+
     def stop(self, status, now):
         """Interrupt the code (state kept); kill the interpreter if it does not come back."""
         if self.status is None:
             self.status = status
         if self.kill_at is None:
-            kill_all_others()
+            kill_all_others()  # leaves the worker stopped: continue it to take the interrupt
+            self.worker.thaw()
             try:
                 self.worker.spill()
                 os.kill(self.worker.pid, signal.SIGINT)
@@ -255,19 +435,34 @@ class SessionRun(Supervised):
 
     def kill_now(self):
         self.worker.kill()
+        self.worker.thaw()
 
     def out_of_memory(self, now):
         kill_all_others()
+        self.worker.thaw()
         self.worker.spill()  # held output goes out now; the kill comes next tick
         self.kill_at = now
 
     def finished(self):
         if self.exit_code is None:
             return False
-        # Nothing a call starts outlives it; then collect what the worker already printed.
-        if self.worker.alive:
-            kill_all_others()
-            self.worker.drain()
+        worker = self.worker
+        # Nothing a call starts outlives it: every other process is killed and the worker
+        # stopped (it cannot run on unwatched, even if the reply was forged); then collect
+        # what it already printed, and keep it only if it is back to its own threads.
+        kill_all_others()
+        if worker.alive:
+            worker.drain()
+            why = worker.leftovers(self.leftover)
+            if why is None and self.status is None:
+                # Limits bind between calls too: what the call leaves resident counts now.
+                used = self.memory_probe()
+                self.peak_rss = max(self.peak_rss, used)
+                if used > self.max_rss:
+                    self.status = "oom"
+                    why = "memory over the limit was still held when the call ended"
+            if why is not None:
+                worker.retire("the session interpreter was restarted: " + why)
         if self.stdout_tail:  # written after anything that went through the pipe
             self.output.feed("stdout", self.stdout_tail)
             self.stdout_tail = b""
@@ -275,4 +470,5 @@ class SessionRun(Supervised):
 
     def report(self):
         self.worker.run = None
-        self.send_done(result=self.result, state_lost=self.state_lost, session=True)
+        extra = {"warnings": self.warnings} if self.warnings else {}
+        self.send_done(result=self.result, state_lost=self.state_lost, session=True, **extra)

@@ -114,10 +114,10 @@ async def test_background_processes_do_not_outlive_the_call(
     assert "sleep" in probe["stdout"]  # the probe itself can see a running sleep
 
 
-async def test_timeout_is_capped_by_max_execution_time(sandbox_manager: SandboxManager) -> None:
-    """A longer per-call timeout is capped, and the result says so."""
+async def test_timeout_is_capped_by_max_timeout_s(sandbox_manager: SandboxManager) -> None:
+    """A per-call timeout above the hard ceiling is capped to it, and the result says so."""
     timeout, warnings = sandbox_manager.effective_timeout(10_000)
-    assert timeout == sandbox_manager.limits.max_execution_time
+    assert timeout == sandbox_manager.limits.max_timeout_s
     assert "capped" in warnings[0]
 
 
@@ -195,3 +195,29 @@ async def test_syntax_error_is_data(tools: CodeExecutionTools, sandbox_id: str) 
     """User-code failures come back in the result, never as exceptions."""
     result = await tools.code_execute(language="python", code="def (:", sandbox_id=sandbox_id)
     assert result["success"] is False and "SyntaxError" in result["stderr"]
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh", "session"])
+async def test_memory_in_memfd_counts_against_the_limit(
+    tools: CodeExecutionTools, fresh_sandbox: str, fresh: bool
+) -> None:
+    """720 MB written to a memfd under the 512 MB limit is oom, as heap memory would be."""
+    code = (
+        "import os\nfd = os.memfd_create('x')\nfor _ in range(90):\n"
+        "    os.write(fd, b'm' * (8 << 20))\nprint('survived')"
+    )
+    result = await tools.code_execute(
+        language="python", code=code, sandbox_id=fresh_sandbox, fresh=fresh, timeout=60
+    )
+    assert result["status"] == "oom" and "survived" not in result["stdout"], result
+
+
+async def test_shm_and_tmp_are_bounded(tools: CodeExecutionTools, sandbox_id: str) -> None:
+    """/dev/shm and /tmp are sized tmpfs mounts: files there cannot grow without bound."""
+    result = await tools.code_execute(
+        language="shell",
+        code="df -m --output=target,size /dev/shm /tmp | tail -n +2",
+        sandbox_id=sandbox_id,
+    )
+    sizes = {line.split()[0]: int(line.split()[1]) for line in result["stdout"].splitlines()}
+    assert 0 < sizes["/dev/shm"] <= 256 and 0 < sizes["/tmp"] <= 1024, result

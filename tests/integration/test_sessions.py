@@ -243,3 +243,95 @@ async def test_node_session_restarts_after_process_exit(
     assert ended["exit_code"] == 3 and ended["state_lost"] is True
     again = await run(tools, fresh_sandbox, "javascript", "typeof kept")
     assert again["result"] == "'undefined'" and again["success"], again
+
+
+async def test_background_thread_restarts_the_session_and_says_why(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A thread left running ends the session: state_lost, a warning, and a fresh next call."""
+    code = (
+        "import threading, time\nkept = 7\nchunks = []\ndef grow():\n    while True:\n"
+        "        chunks.append(bytearray(1 << 20))\n        time.sleep(0.01)\n"
+        "threading.Thread(target=grow, daemon=True).start()\n'started'"
+    )
+    result = await run(tools, fresh_sandbox, "python", code)
+    assert result["result"] == "'started'" and result["state_lost"] is True, result
+    assert any("background thread" in w for w in result["warnings"]), result
+    after = await run(tools, fresh_sandbox, "python", "'kept' in globals()")
+    assert after["result"] == "False" and after["state_lost"] is False, after
+
+
+async def test_session_interpreter_is_stopped_between_calls(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """Between calls the session interpreter is stopped (state T), so nothing of it runs."""
+    await run(tools, fresh_sandbox, "python", "x = 1")
+    state = await run(tools, fresh_sandbox, "shell", "ps -e -o pid=,stat=,comm= | grep python3")
+    worker = [line.split() for line in state["stdout"].splitlines() if line.split()[0] != "1"]
+    assert [fields[1][0] for fields in worker] == ["T"], state
+
+
+async def test_node_call_waits_for_its_timers_like_a_script(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A pending setTimeout finishes within its call (as `node -` would wait for it)."""
+    code = "var kept = 1; setTimeout(() => console.log('later'), 200); 'now'"
+    result = await run(tools, fresh_sandbox, "javascript", code)
+    assert result["stdout"] == "later\n" and result["result"] == "'now'", result
+    assert result["state_lost"] is False
+    assert (await run(tools, fresh_sandbox, "javascript", "kept"))["result"] == "1"
+
+
+async def test_node_interval_left_running_restarts_the_session(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """An endless setInterval keeps the call going to its timeout, then the session restarts."""
+    result = await run(
+        tools, fresh_sandbox, "javascript", "setInterval(() => {}, 50); 1", timeout=2
+    )
+    assert result["status"] == "timeout" and result["state_lost"] is True, result
+    assert any("pending" in w for w in result["warnings"]), result
+    assert (await run(tools, fresh_sandbox, "javascript", "2"))["result"] == "2"
+
+
+async def test_forged_reply_is_capped_and_the_session_recovers(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """A 20 MB reply forged on the worker's channel never reaches the host; the session says so."""
+    code = (
+        'import os, struct\ndata = b\'{"cell": 1, "exit_code": 0, "result": "\' + '
+        "b'x' * 20_000_000 + b'\"}'\nos.write(4, struct.pack('>II', len(data), 0) + data)"
+    )
+    result = await run(tools, fresh_sandbox, "python", code)
+    assert result["state_lost"] is True and len(result["result"] or "") <= 10000, result
+    assert any("reply channel" in w for w in result["warnings"]), result
+    assert (await run(tools, fresh_sandbox, "python", "40 + 2"))["result"] == "42"
+
+
+@pytest.mark.parametrize(
+    ("language", "code"),
+    [
+        ("python", "import threading\nts = [threading.Thread(target=sum, args=(range(99),)) "
+                   "for _ in range(4)]\nfor t in ts:\n    t.start()\nfor t in ts:\n    t.join()"),
+        ("python", "from concurrent.futures import ThreadPoolExecutor\n"
+                   "with ThreadPoolExecutor(4) as ex:\n    list(ex.map(abs, range(20)))"),
+        ("python", "import asyncio\nasync def main():\n    await asyncio.to_thread(sum, range(9))\n"
+                   "asyncio.run(main())"),
+        ("javascript", "(async () => { await require('fs').promises.readFile('/etc/passwd'); "
+                       "await new Promise((r) => require('zlib').gzip('abc', r)); "
+                       "await new Promise((r) => require('crypto').pbkdf2('a', 'b', 9, 9, "
+                       "'sha1', r)); require('child_process').execSync('true'); })()"),
+    ],
+    ids=["py-joined-threads", "py-executor-with", "py-asyncio-to-thread", "js-thread-pool-work"],
+)  # fmt: skip
+async def test_work_that_finishes_within_its_call_keeps_the_session(
+    tools: CodeExecutionTools, fresh_sandbox: str, language: str, code: str
+) -> None:
+    """Threads joined, pools shut down and async work awaited never cost the session its state."""
+    await run(
+        tools, fresh_sandbox, language, "var kept = 1" if language == "javascript" else "kept = 1"
+    )
+    for _ in range(10):
+        result = await run(tools, fresh_sandbox, language, code)
+        assert result["success"] and result["state_lost"] is False, result
+    assert (await run(tools, fresh_sandbox, language, "kept"))["result"] == "1"
