@@ -68,8 +68,9 @@ def render_request(request: ApprovalRequest, *, max_code_lines: int = 60) -> str
 
 
 class TerminalApprover:
-    """Ask on a terminal. ``y``/``yes`` approves once, ``s``/``sandbox`` approves these rules for
-    the rest of the sandbox's life; anything else, end of input or the timeout denies.
+    """Ask on a terminal. ``y``/``yes`` approves once, ``s``/``sandbox`` approves these same
+    findings for the rest of the sandbox's life (a new finding is asked about again); anything
+    else, end of input or the timeout denies.
 
     Prompts are serialised (one question on screen at a time). Type-ahead is discarded before
     each question so a stray Enter or ``y`` typed earlier cannot answer it. If ``input_fd`` is

@@ -7,8 +7,9 @@ Two halves, kept apart on purpose:
   approval timeout and the reasons. No I/O, no clock.
 * **Decision** (:class:`HITLGate`) turns that into an :class:`ApprovalDecision`: auto-approve
   LOW (when configured) and rules that need no approval, reuse an "approve for this sandbox"
-  grant, or call the approver and wait at most the rule's timeout. Silence is a denial
-  (``TIMEOUT``); so is a missing or failing approver. The gate never prompts a terminal itself:
+  grant (which covers the same findings only, see :attr:`Reason.grant_key`), or call the
+  approver and wait at most the rule's timeout. Silence is a denial (``TIMEOUT``); so is a
+  missing or failing approver. The gate never prompts a terminal itself:
   :mod:`harombe.security.approvers` has ready-made approvers, including one that does.
 
 Every decision is logged once as ``hitl.decided`` with the tool, risk, reasons, decision, who
@@ -80,14 +81,26 @@ class Operation:
         return value if isinstance(value, str) else None
 
 
+#: What an "approve for this sandbox" grant covers: (rule, construct, detail) of one reason.
+GrantKey: TypeAlias = tuple[str, "str | None", "str | None"]
+
+
 @dataclass(frozen=True)
 class Reason:
-    """Why a rule matched: the rule, and where known the construct and its line."""
+    """Why a rule matched: the rule, and where known the construct, its description and line."""
 
     rule: str
     risk: RiskLevel
     detail: str | None = None
     line: int | None = None
+    construct: str | None = None
+
+    @property
+    def grant_key(self) -> GrantKey:
+        """The finding's identity, without its line: the same call moved to another line is
+        the same finding; another construct, or the same one on other targets (``rm -rf /x``
+        vs ``rm -rf /y``), is not."""
+        return (self.rule, self.construct, self.detail)
 
     def __str__(self) -> str:
         where = f"line {self.line}: " if self.line is not None else ""
@@ -180,9 +193,10 @@ class HITLRule:
             if not findings:
                 return None
             details += [
-                Reason(self.name, self.risk, getattr(f, "detail", str(f)), getattr(f, "line", None))
+                Reason(self.name, self.risk, getattr(f, "detail", str(f)),
+                       getattr(f, "line", None), getattr(f, "construct", None))
                 for f in findings
-            ]
+            ]  # fmt: skip
         return details or [Reason(self.name, self.risk)]
 
 
@@ -203,7 +217,10 @@ class Assessment:
     require_approval: bool
     timeout_s: float
     reasons: tuple[Reason, ...]
-    rule_ids: frozenset[int]  # indices of the deciding rules, for per-sandbox grants
+    rule_ids: frozenset[int]  # indices of the deciding rules
+    #: Every matching reason's :attr:`Reason.grant_key`, at every level: what an "approve for
+    #: this sandbox" answer grants, and what a later call must be wholly covered by.
+    grant_keys: frozenset[GrantKey] = frozenset()
 
 
 class RiskClassifier:
@@ -232,6 +249,7 @@ class RiskClassifier:
                 f"{self.default_risk}",
                 self.default_risk,
             )
+            # No grant keys: an operation no rule knows is asked about every time.
             return Assessment(
                 self.default_risk, True, DEFAULT_TIMEOUTS_S[self.default_risk], (reason,),
                 frozenset(),
@@ -245,12 +263,17 @@ class RiskClassifier:
             timeout_s=min(timeouts) if timeouts else DEFAULT_TIMEOUTS_S[risk],
             reasons=tuple(reason for _, _, reasons in deciding for reason in reasons),
             rule_ids=frozenset(i for i, _, _ in deciding),
+            grant_keys=frozenset(
+                reason.grant_key for _, _, reasons in matched for reason in reasons
+            ),
         )
 
     def classify(self, op: Operation) -> RiskLevel:
         return self.assess(op).risk
 
     def requires_approval(self, op: Operation) -> bool:
+        """False only when every deciding rule says ``require_approval=False`` (the default
+        rules say so for ``code_destroy_sandbox``)."""
         return self.assess(op).require_approval
 
     def get_timeout(self, op: Operation) -> float:
@@ -270,8 +293,9 @@ class ApprovalRequest:
 
 @dataclass(frozen=True)
 class ApprovalResponse:
-    """An approver's answer. ``scope="sandbox"`` approves the same rules for the rest of the
-    sandbox's life; ``approver`` names who answered (for the audit log)."""
+    """An approver's answer. ``scope="sandbox"`` approves the same findings (each reason's
+    :attr:`Reason.grant_key`) for the rest of the sandbox's life, never a new one;
+    ``approver`` names who answered (for the audit log)."""
 
     approved: bool
     scope: Literal["once", "sandbox"] = "once"
@@ -308,6 +332,7 @@ class ApprovalDecision:
     scope: Literal["once", "sandbox"] = "once"
     comment: str | None = None
     rule_ids: frozenset[int] = frozenset()
+    grant_keys: frozenset[GrantKey] = frozenset()
 
     @property
     def approved(self) -> bool:
@@ -359,7 +384,7 @@ class HITLGate:
         self.classifier = classifier or RiskClassifier()
         self.approver = approver
         self.auto_approve_low_risk = auto_approve_low_risk
-        self._grants: dict[str, set[int]] = {}
+        self._grants: dict[str, set[GrantKey]] = {}
 
     async def check_approval(self, op: Operation) -> ApprovalDecision:
         started = time.monotonic()
@@ -378,6 +403,7 @@ class HITLGate:
                 status, op, assessment.risk, assessment.reasons, by,
                 round(time.monotonic() - started, 4), assessment.timeout_s,
                 "sandbox" if scope == "sandbox" else "once", comment, assessment.rule_ids,
+                assessment.grant_keys,
             )  # fmt: skip
             log.info(
                 "hitl.decided",
@@ -406,7 +432,9 @@ class HITLGate:
             return decide(ApprovalStatus.AUTO_APPROVED, "auto_approve_low_risk")
         sandbox_id = op.sandbox_id
         granted = self._grants.get(sandbox_id, set()) if sandbox_id else set()
-        if assessment.rule_ids and assessment.rule_ids <= granted:
+        # Covered only if every finding of this call was among those approved: a new
+        # construct, a new target or a new rule is asked about again.
+        if assessment.grant_keys and assessment.grant_keys <= granted:
             return decide(ApprovalStatus.APPROVED, "sandbox_grant", scope="sandbox")
         if self.approver is None:
             return decide(
@@ -452,13 +480,20 @@ class HITLGate:
         return result
 
     def remember(self, decision: ApprovalDecision, sandbox_id: str) -> None:
-        """Apply a ``scope="sandbox"`` approval to ``sandbox_id`` (e.g. one just created)."""
+        """Apply a ``scope="sandbox"`` approval to ``sandbox_id`` (e.g. one just created):
+        later calls there whose findings are all among ``decision.grant_keys`` are approved."""
         if decision.approved and decision.scope == "sandbox":
-            self._grants.setdefault(sandbox_id, set()).update(decision.rule_ids)
+            self._grants.setdefault(sandbox_id, set()).update(decision.grant_keys)
 
     def forget_sandbox(self, sandbox_id: str) -> None:
-        """Drop the sandbox's grants; called when the sandbox is destroyed."""
-        self._grants.pop(sandbox_id, None)
+        """Drop every grant of ``sandbox_id``; call it when the sandbox is destroyed, lost or
+        replaced (a replacement has a new id and starts with none). Idempotent."""
+        if self._grants.pop(sandbox_id, None) is not None:
+            log.info("hitl.grants_dropped", sandbox_id=sandbox_id)
+
+    def grants(self, sandbox_id: str) -> frozenset[GrantKey]:
+        """The findings approved for ``sandbox_id`` (empty when none)."""
+        return frozenset(self._grants.get(sandbox_id, ()))
 
 
 def gate_from_config(config: Any, approver: Approver | None = None) -> HITLGate | None:

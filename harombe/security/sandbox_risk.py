@@ -3,20 +3,24 @@
 =========  =====  ==========================================================================
 risk       wait   operations
 =========  =====  ==========================================================================
-CRITICAL   30 s   ``code_execute`` with ``network_enabled=True``; code that does something
+CRITICAL   30 s   ``code_execute`` in a sandbox with network (``network_enabled`` true, which
+                  the tools set whenever the target sandbox has network); code that does something
                   dangerous (see :mod:`harombe.security.code_risk`); writing a script whose
                   content does; installing from a registry other than pypi/npm or from a
                   URL, path or VCS source
-HIGH       60 s   any other ``code_execute``; ``code_install_package`` from pypi/npm;
-                  writing an executable or script file
+HIGH       60 s   any other ``code_execute``, and one whose ``timeout`` exceeds
+                  ``timeout_default_s``; ``code_install_package`` from pypi/npm; writing an
+                  executable or script file
 MEDIUM     120 s  writing other files; ``code_read_file``; ``code_list_files``
-LOW        —      ``code_destroy_sandbox`` (auto-approved when ``auto_approve_low_risk``)
+LOW        —      ``code_destroy_sandbox`` (the rule itself needs no approval)
 =========  =====  ==========================================================================
 
 Rules a caller appends take part on equal terms: the highest matching risk wins.
 """
 
 from __future__ import annotations
+
+import math
 
 from harombe.security.code_risk import Finding, analyze_code, language_for_path
 from harombe.security.hitl import HITLRule, Operation, RiskLevel
@@ -29,6 +33,34 @@ EXECUTABLE_EXTENSIONS = (
 EXECUTABLE_PATTERN = r"(?i)\.(" + "|".join(e[1:] for e in EXECUTABLE_EXTENSIONS) + r")$"
 #: Package specs that name a source other than the registry: URLs, VCS, local paths, tarballs.
 _NONSTANDARD_SOURCE_MARKERS = ("://", "git+", "file:", "github:", "gitlab:", "link:", "npm:")
+
+
+def sandbox_network(op: Operation) -> list[Finding]:
+    """The call runs where there is network: ``network_enabled`` (or ``sandbox_network``) is
+    anything but false. A value that is not a plain bool (``"false"``) counts as network:
+    failing safe, the gate never rates lower than what the manager might do."""
+    for param in ("network_enabled", "sandbox_network"):
+        value = op.params.get(param)
+        if value is not None and value is not False and value != 0:
+            return [Finding("network", f"sandbox has network access ({param}={value!r})")]
+    return []
+
+
+def long_timeout(op: Operation) -> list[Finding]:
+    """``timeout`` (effective seconds) above ``timeout_default_s``, or not a finite number."""
+    timeout_s, default_s = op.params.get("timeout"), op.params.get("timeout_default_s")
+    if timeout_s is None or isinstance(timeout_s, bool):
+        return []
+    if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s):
+        return [Finding("long-run", f"timeout {timeout_s!r} is not a finite number of seconds")]
+    if (
+        isinstance(default_s, int | float)
+        and not isinstance(default_s, bool)
+        and timeout_s > default_s
+    ):
+        detail = f"timeout {timeout_s:g} s is above the default {default_s:g} s"
+        return [Finding("long-run", detail)]
+    return []
 
 
 def dangerous_code(op: Operation) -> list[Finding]:
@@ -72,9 +104,12 @@ def get_sandbox_hitl_rules() -> list[HITLRule]:
             description="Any code execution (default)",
         ),
         HITLRule(
-            tools=["code_execute"], risk=RiskLevel.CRITICAL, timeout=30,
-            conditions=[{"param": "network_enabled", "equals": True}],
+            tools=["code_execute"], risk=RiskLevel.CRITICAL, timeout=30, check=sandbox_network,
             description="Code execution with network access",
+        ),
+        HITLRule(
+            tools=["code_execute"], risk=RiskLevel.HIGH, timeout=60, check=long_timeout,
+            description="Code execution longer than the default timeout",
         ),
         HITLRule(
             tools=["code_execute"], risk=RiskLevel.CRITICAL, timeout=30, check=dangerous_code,
@@ -117,7 +152,7 @@ def get_sandbox_hitl_rules() -> list[HITLRule]:
             description="Listing files in the workspace",
         ),
         HITLRule(
-            tools=["code_destroy_sandbox"], risk=RiskLevel.LOW,
+            tools=["code_destroy_sandbox"], risk=RiskLevel.LOW, require_approval=False,
             description="Destroying a sandbox (cleanup)",
         ),
     ]  # fmt: skip

@@ -22,8 +22,43 @@ DANGEROUS_MODULES = {
 #: Names that lead past the module system to the process's internals.
 INTERNALS = {"mainModule", "binding", "_linkedBinding", "dlopen", "_load", "constructor"}
 GLOBAL_OBJECTS = {"globalThis", "global", "window", "self", "process", "module"}
-REFLECTED = INTERNALS | {"eval", "Function", "require"} | DANGEROUS_MODULES.keys()
+REFLECTED = (
+    INTERNALS
+    | {
+        "eval",
+        "Function",
+        "require",
+        "getBuiltinModule",
+        "createRequire",
+        "execve",
+        "runInNewContext",
+        "runInThisContext",
+    }
+    | DANGEROUS_MODULES.keys()
+)
+#: Strings that name a way to code execution wherever they appear (``const c = 'constructor';
+#: [][c][c](…)``): the string is the only trace the scan can see.
+TELLTALE_STRINGS = {"constructor", "__proto__", "Function", "getBuiltinModule", "createRequire",
+                    "mainModule", "_linkedBinding", "dlopen", "_load"}  # fmt: skip
+#: Global objects whose members can be looked up by name once they are handed to a function.
+_LOOKUP_GLOBALS = {"globalThis", "global", "window", "self"}
 TIMERS = {"setTimeout", "setInterval", "setImmediate"}
+#: Functions that load a module by name, like ``require``.
+LOADERS = {"require", "getBuiltinModule"}
+#: Member names that run programs or strings as code whatever object they are reached on (the
+#: object may be child_process or vm obtained some way the scan cannot follow).
+DANGEROUS_MEMBERS = {
+    "execSync": "execSync() runs a shell command", "execFileSync": "execFileSync() runs a "
+    "program", "execFile": "execFile() runs a program", "spawnSync": "spawnSync() runs a "
+    "program", "spawn": "spawn() runs a program", "execve": "execve() replaces the process",
+    "runInNewContext": "runInNewContext() runs a string as code", "runInThisContext":
+    "runInThisContext() runs a string as code", "runInContext": "runInContext() runs a string "
+    "as code", "compileFunction": "compileFunction() builds a function from a string",
+    "createRequire": "createRequire() makes a require whose loads are not checked",
+}  # fmt: skip
+#: Names that, assembled from pieces (``'ev' + 'al'``), mean the assembly is hiding them.
+ASSEMBLED = REFLECTED | {"child_process", "node:child_process", "getBuiltinModule", "exec",
+                         "execSync", "spawn", "process", "global", "globalThis"}  # fmt: skip
 _REGEX_AFTER_WORDS = {"return", "typeof", "instanceof", "in", "of", "new", "delete", "void",
                       "throw", "case", "do", "else", "yield", "await"}  # fmt: skip
 _PUNCT = ("?.", "...", "=>", "(", ")", "[", "]", "{", "}", ".", ",", ";", ":", "?", "=", "+", "-",
@@ -225,8 +260,69 @@ def _module(spec: str) -> str:
     return spec.removeprefix("node:").split("/", 1)[0]
 
 
+def _matching(tokens: list[Token], i: int) -> int:
+    """The index of the ``)`` closing the ``(`` at ``i`` (or the last token)."""
+    depth = 0
+    for j in range(i, len(tokens)):
+        if tokens[j].kind == "punct" and tokens[j].value in ("(", "[", "{"):
+            depth += 1
+        elif tokens[j].kind == "punct" and tokens[j].value in (")", "]", "}"):
+            depth -= 1
+            if depth == 0:
+                return j
+    return len(tokens) - 1
+
+
+def _aliases(tokens: list[Token]) -> tuple[set[str], set[str], set[str]]:
+    """Names bound to a global object (``const g = globalThis``), to ``createRequire``
+    (``import {createRequire as cr}``) and to a loader (``const r = createRequire(…)``)."""
+    globals_, loaders, creators = set(GLOBAL_OBJECTS), set(LOADERS), {"createRequire"}
+    for i in range(len(tokens) - 2):
+        if tokens[i].value == "createRequire" and tokens[i + 1].value == "as":
+            creators.add(tokens[i + 2].value)
+    for i in range(1, len(tokens) - 2):
+        name, op, value = tokens[i - 1], tokens[i], tokens[i + 1]
+        if name.kind != "name" or op.value != "=" or op.kind != "punct" or value.kind != "name":
+            continue
+        after = tokens[i + 2].value
+        if value.value in globals_ and after not in (".", "[", "("):
+            globals_.add(name.value)
+        elif value.value in creators and after == "(":
+            loaders.add(name.value)
+        elif (
+            after == "." and i + 4 < len(tokens) and tokens[i + 3].value in creators
+            and tokens[i + 4].value == "("
+        ):  # fmt: skip
+            loaders.add(name.value)  # r = m.createRequire(…), whatever m is
+    return globals_, loaders, creators
+
+
+def _assembled(tokens: list[Token], i: int) -> tuple[str, int] | None:
+    """A string built from literal pieces starting at ``i`` (``'ev' + 'al'``,
+    ``['ev', 'al'].join('')``): its value and how many pieces, or ``None``."""
+    pieces = [tokens[i].value]
+    j = i
+    while (j + 2 < len(tokens) and tokens[j + 1].value == "+" and tokens[j + 1].kind == "punct"
+           and tokens[j + 2].kind == "str"):  # fmt: skip
+        pieces.append(tokens[j + 2].value)
+        j += 2
+    if len(pieces) > 1:
+        return "".join(pieces), len(pieces)
+    if i > 0 and tokens[i - 1].value == "[":
+        j = i
+        while j + 2 < len(tokens) and tokens[j + 1].value == "," and tokens[j + 2].kind == "str":
+            pieces.append(tokens[j + 2].value)
+            j += 2
+        if len(pieces) > 1 and [t.value for t in tokens[j + 1 : j + 4]] == ["]", ".", "join"]:
+            sep = tokens[j + 5] if j + 5 < len(tokens) else None
+            joiner = sep.value if sep is not None and sep.kind == "str" else ","
+            return joiner.join(pieces), len(pieces)
+    return None
+
+
 def _scan(tokens: list[Token]) -> list[Finding]:
     findings: list[Finding] = []
+    global_names, loaders, creators = _aliases(tokens)
 
     def at(i: int) -> Token:
         return tokens[i] if 0 <= i < len(tokens) else Token("eof", "", 0)
@@ -243,46 +339,116 @@ def _scan(tokens: list[Token]) -> list[Finding]:
         else:
             add(tok, "computed-name", f"{tok.value}() loads a module computed at run time")
 
+    def create_require(i: int, tok: Token) -> None:
+        """``createRequire(…)('x')`` is ``require('x')``; bound to a name it is a loader
+        (found by :func:`_aliases`); anything else hides what it loads."""
+        if at(i + 1).value != "(":
+            if at(i - 1).value not in ("{", ",", "as") or at(i + 1).value not in ("}", ",", "as"):
+                add(tok, "computed-name", "createRequire is passed around, so what it loads is "
+                    "unknown")  # fmt: skip
+            return
+        end = _matching(tokens, i + 1)
+        if at(end + 1).value == "(":
+            module_ref(tok, at(end + 2), at(end + 3))
+        elif at(i - 1).value != "=" and not (at(i - 1).value == "." and at(i - 3).value == "="):
+            add(tok, "computed-name", "createRequire() makes a require whose loads are unknown")
+
     for i, tok in enumerate(tokens):
         prev, nxt = at(i - 1), at(i + 1)
         member = prev.kind == "punct" and prev.value == "."
-        if tok.kind == "name" and member:
-            if tok.value == "require" and nxt.value == "(":
+        if tok.kind == "name" and tok.value in creators:
+            create_require(i, tok)
+        elif tok.kind == "name" and tok.value == "Function" and prev.value != "instanceof":
+            # Also as a key: ``const { Function: F } = globalThis`` destructures it.
+            add(tok, "eval", "the Function constructor builds a function from a string")
+        elif tok.kind == "name" and member and tok.value == "constructor":
+            # x.constructor.name and comparisons are type checks; anything else may be the
+            # Function constructor reached from a function value ((()=>{}).constructor).
+            if not ((nxt.value == "." and at(i + 2).value == "name")
+                    or nxt.value in ("===", "==", "!==", "!=", "=")):  # fmt: skip
+                add(tok, "eval", ".constructor may reach the Function constructor")
+        elif tok.kind == "name" and member and tok.value in DANGEROUS_MEMBERS:
+            add(tok, "call", f".{tok.value}: {DANGEROUS_MEMBERS[tok.value]}")
+        elif tok.kind == "name" and member:
+            if tok.value in LOADERS and nxt.value == "(":
                 module_ref(tok, at(i + 2), at(i + 3))
-            elif tok.value in ("eval", "Function") and at(i - 2).value in GLOBAL_OBJECTS:
+            elif tok.value in LOADERS and nxt.value != ".":
+                add(tok, "computed-name", f"{tok.value} is passed around, so what it loads "
+                    "is unknown")  # fmt: skip
+            elif tok.value in ("eval", "Function") and at(i - 2).value in global_names:
                 add(tok, "eval", f"{at(i - 2).value}.{tok.value} runs a string as code")
             elif (
                 at(i - 2).value == "Reflect" and tok.value in ("get", "getOwnPropertyDescriptor")
-                and nxt.value == "(" and at(i + 2).value in GLOBAL_OBJECTS
+                and nxt.value == "(" and at(i + 2).value in global_names
             ):  # fmt: skip
                 add(tok, "computed-name", f"Reflect.{tok.value}({at(i + 2).value}, …) looks "
                     "up a global by name")  # fmt: skip
             elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
                 add(tok, "escape", f".{tok.value} reaches past the module system")
         elif tok.kind == "name":
-            if nxt.value == ":" and prev.value in ("{", ","):
+            if nxt.value == ":" and prev.value in ("{", ",") and tok.value != "Function":
+                if tok.value == "eval" and at(i + 2).value != "false":
+                    add(tok, "eval", "eval as a key: a Worker's eval: true, or eval destructured")
                 continue  # an object key
             if tok.value == "eval":
                 add(tok, "eval", "eval runs a string as code")
-            elif tok.value == "Function" and (nxt.value == "(" or prev.value == "new"):
-                add(tok, "eval", "Function() builds a function from a string")
-            elif tok.value in ("require", "import") and nxt.value == "(":
+            elif (tok.value in loaders or tok.value == "import") and nxt.value == "(":
                 module_ref(tok, at(i + 2), at(i + 3))
-            elif tok.value == "require" and nxt.value != ".":
-                add(tok, "computed-name", "require is passed around, so what it loads is unknown")
+            elif (
+                tok.value in loaders
+                and nxt.value == "."
+                and at(i + 2).value in ("call", "apply", "bind")
+            ):
+                add(tok, "computed-name", f"{tok.value}.{at(i + 2).value} loads a module the "
+                    "scan cannot see")  # fmt: skip
+            elif (
+                tok.value in loaders and nxt.value not in (".", "=")
+                and prev.value not in ("{", ",", "as")
+            ):  # fmt: skip
+                add(tok, "computed-name", f"{tok.value} is passed around, so what it loads "
+                    "is unknown")  # fmt: skip
             elif tok.value in ("from", "import") and nxt.kind == "str":
                 why = DANGEROUS_MODULES.get(_module(nxt.value))
                 if why:
                     add(tok, "import", f"imports {nxt.value}: {why}")
+            elif tok.value in TIMERS and nxt.kind == "str":
+                add(tok, "eval", f"{tok.value} with a tagged template runs it as code")
             elif tok.value in TIMERS and nxt.value == "(" and at(i + 2).kind == "str":
                 add(tok, "eval", f"{tok.value}() with a string runs it as code")
-            elif tok.value in GLOBAL_OBJECTS and nxt.value == "[":
+            elif (
+                (tok.value in _LOOKUP_GLOBALS or tok.value in global_names - GLOBAL_OBJECTS)
+                and prev.value in ("(", ",") and nxt.value in (")", ",")
+                and at(i - 2).value not in ("log", "info", "warn", "error", "debug")
+            ):  # fmt: skip
+                add(tok, "computed-name", f"hands {tok.value} to a function that can look up "
+                    "any global by name")  # fmt: skip
+            elif tok.value in global_names and nxt.value == "[":
                 key, close = at(i + 2), at(i + 3)
                 if key.kind != "str" or close.value != "]":
                     detail = f"{tok.value}[…] looks up a name computed at run time"
                     add(tok, "computed-name", detail)
         elif tok.kind == "str" and (prev.value, nxt.value) == ("[", "]") and tok.value in REFLECTED:
             add(tok, "escape", f"[{tok.value!r}] reaches {tok.value} by name")
+        elif (
+            tok.kind == "str"
+            and _module(tok.value) in DANGEROUS_MODULES
+            and (tok.value.removeprefix("node:") == _module(tok.value))
+            and prev.value not in ("from", "import")
+            and not (prev.value == "(" and at(i - 2).value in loaders | {"import"})
+        ):
+            # However it reaches a loader (a variable, .call, an object), the name is the tell.
+            add(
+                tok,
+                "import",
+                f"names the module {tok.value}: {DANGEROUS_MODULES[_module(tok.value)]}",
+            )
+        elif tok.kind == "str" and tok.value in TELLTALE_STRINGS:
+            add(tok, "escape", f"the string {tok.value!r} names a way to run code")
+        elif tok.kind == "str" and not (prev.value == "+" and at(i - 2).kind == "str"):
+            built = _assembled(tokens, i)
+            if built and built[0] in ASSEMBLED:
+                add(tok, "computed-name", f"assembles the name {built[0]!r} from {built[1]} "
+                    "pieces")  # fmt: skip
     return findings
 
 

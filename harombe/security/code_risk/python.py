@@ -3,95 +3,91 @@
 Names are resolved through imports and simple assignments (``import os as o``, ``from os import
 system as s``, ``f = os.system``, ``__import__("os")``, ``sys.modules["os"]``,
 ``getattr(os, "system")``), so aliases do not hide a call; a *reference* counts, not only a call,
-so ``e = eval`` is found where it is written. Attribute access on ordinary objects
-(``model.eval()``, ``re.compile``, ``cursor.execute``) is not a finding.
+so ``e = eval`` is found where it is written. A dotted name is judged by every suffix, so a
+module's re-export (``shutil.os.system``) is the function it re-exports; and an attribute with a
+dangerous name (``system``, ``popen``, ``exec*``, ``spawn*``…, see
+:mod:`~harombe.security.code_risk.python_names`) is a finding on any object not known to be
+harmless, since ``[os][0]`` or a function's result may be the module. Attribute access with
+ordinary names (``model.eval()``, ``re.compile``, ``cursor.execute``) is not a finding.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 
 from harombe.security.code_risk import Finding
+from harombe.security.code_risk.python_names import (
+    DANGEROUS_CALLABLES,
+    DANGEROUS_LEAVES,
+    DANGEROUS_MODULES,
+    DANGEROUS_PREFIXES,
+    DYNAMIC_BUILTINS,
+    ESCAPE_ATTRIBUTES,
+    EXEC_PREFIXES,
+    HARMLESS_MEMBERS,
+    IMPORT_FINDINGS,
+    MODULE_ALIASES,
+    NAMESPACE_CALLS,
+    REFLECTION_BUILTINS,
+)
 
-#: Builtins that turn data into running code.
-DYNAMIC_BUILTINS = {
-    "eval": "eval() runs a string as code",
-    "exec": "exec() runs a string as code",
-    "compile": "compile() turns a string into code",
-    "__import__": "__import__() imports a module chosen at run time",
-    "breakpoint": "breakpoint() opens an interactive debugger",
-}
-#: Builtins that only look names up; resolved (through aliases too) so their uses are judged.
-REFLECTION_BUILTINS = {"getattr", "setattr"}
-#: Modules whose import alone means running programs or poking memory.
-DANGEROUS_MODULES = {
-    "subprocess": "subprocess runs other programs",
-    "_posixsubprocess": "_posixsubprocess runs other programs",
-    "ctypes": "ctypes calls C functions and writes raw memory",
-    "_ctypes": "ctypes calls C functions and writes raw memory",
-    "cffi": "cffi calls C functions and writes raw memory",
-    "pty": "pty spawns programs on a terminal",
-    "pexpect": "pexpect runs other programs",
-    "sh": "sh runs other programs",
-    "plumbum": "plumbum runs other programs",
-}
-#: Functions (dotted, after alias resolution) that run programs or code.
-DANGEROUS_CALLABLES = {
-    "os.system": "os.system() runs a shell command",
-    "os.popen": "os.popen() runs a shell command",
-    "asyncio.create_subprocess_exec": "asyncio subprocess runs another program",
-    "asyncio.create_subprocess_shell": "asyncio subprocess runs a shell command",
-    "pickle.loads": "pickle.loads() can call any function while loading",
-    "pickle.load": "pickle.load() can call any function while loading",
-    "marshal.loads": "marshal.loads() loads raw code objects",
-    "marshal.load": "marshal.load() loads raw code objects",
-    "types.CodeType": "types.CodeType builds code objects by hand",
-    "types.FunctionType": "types.FunctionType builds functions from code objects",
-    "sys._getframe": "sys._getframe() reaches other frames' globals",
-    "runpy.run_path": "runpy runs a file as code",
-    "runpy.run_module": "runpy runs a module as code",
-    "code.interact": "code.interact() opens an interpreter",
-    "code.InteractiveInterpreter": "code.InteractiveInterpreter runs strings as code",
-    "code.InteractiveConsole": "code.InteractiveConsole runs strings as code",
-    "distutils.spawn.spawn": "distutils.spawn runs another program",
-    **{f"builtins.{name}": why for name, why in DYNAMIC_BUILTINS.items()},
-}
-DANGEROUS_PREFIXES = {
-    "os.exec": "os.exec*() replaces the process with another program",
-    "os.spawn": "os.spawn*() runs another program",
-    "os.posix_spawn": "os.posix_spawn() runs another program",
-}
-#: ``posix`` is what ``os`` re-exports on Linux.
-MODULE_ALIASES = {"posix": "os"}
-#: Attributes used to climb out of a namespace to builtins or to raw code.
-ESCAPE_ATTRIBUTES = {
-    "__subclasses__", "__globals__", "__builtins__", "__code__", "__closure__", "__mro__",
-    "__bases__", "__base__", "__getattribute__", "__reduce__", "__reduce_ex__",
-    "f_globals", "f_builtins", "f_locals", "f_back", "gi_frame", "gi_code", "cr_frame",
-    "ag_frame", "tb_frame", "func_globals",
-}  # fmt: skip
-#: Callables whose result, subscripted, is a namespace of names.
-NAMESPACE_CALLS = {"globals", "vars", "locals", "dir"}
 #: Device and kernel files a write to which is never data processing.
 _SAFE_DEVICES = ("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/shm/")
 _KERNEL_PATHS = ("/dev/", "/proc/", "/sys/")
 
 
+@functools.lru_cache(maxsize=4096)  # the same dotted names recur throughout a module
 def _describe(qualname: str) -> str | None:
-    module = qualname.split(".", 1)[0]
-    if module in DANGEROUS_MODULES:
-        return DANGEROUS_MODULES[module]
+    """Why ``qualname`` is dangerous, trying every suffix: modules re-export each other
+    (``shutil.os.system`` is ``os.system``, ``asyncio.subprocess.Popen`` is in subprocess)."""
+    parts = qualname.split(".")
+    for start in range(len(parts)):
+        why = _describe_exact(".".join(parts[start:]) if start else qualname)
+        if why:
+            return why
+    return None
+
+
+def _describe_exact(qualname: str) -> str | None:
+    qualname = _canonical(qualname)
     if qualname in DANGEROUS_CALLABLES:
         return DANGEROUS_CALLABLES[qualname]
     for prefix, why in DANGEROUS_PREFIXES.items():
         if qualname.startswith(prefix):
             return why
+    return DANGEROUS_MODULES.get(qualname.split(".", 1)[0])
+
+
+def _leaf_danger(name: str) -> str | None:
+    """Why an attribute called ``name`` is dangerous whatever object it is on."""
+    if name in DANGEROUS_LEAVES:
+        return DANGEROUS_LEAVES[name]
+    if name.startswith(EXEC_PREFIXES):
+        return f"{name}() runs another program"
     return None
 
 
 def _const_str(node: ast.AST | None) -> str | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value
+    return None
+
+
+#: Calls whose result is the module named by their first argument.
+_IMPORTERS = ("builtins.__import__", "importlib.import_module", "importlib.__import__")
+
+
+def _literal_element(container: ast.AST, key: ast.AST) -> ast.AST | None:
+    """The element ``container[key]`` picks when both are literals, else ``None``."""
+    if isinstance(container, ast.List | ast.Tuple) and isinstance(key, ast.Constant):
+        index = key.value
+        if isinstance(index, int) and -len(container.elts) <= index < len(container.elts):
+            return container.elts[index]
+    if isinstance(container, ast.Dict) and isinstance(key, ast.Constant):
+        for k, v in zip(container.keys, container.values, strict=True):
+            if isinstance(k, ast.Constant) and k.value == key.value:
+                return v
     return None
 
 
@@ -102,6 +98,7 @@ class _Analyzer:
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
         self.findings: list[Finding] = []
+        self.called: set[int] = set()  # ids of nodes that are the function of a call
 
     def report(self, node: ast.AST, construct: str, detail: str) -> None:
         self.findings.append(Finding(construct, detail, getattr(node, "lineno", None)))
@@ -121,16 +118,22 @@ class _Analyzer:
         if isinstance(node, ast.Attribute):
             base = self.qualname(node.value)
             return f"{base}.{node.attr}" if base else None
+        if isinstance(node, ast.NamedExpr):
+            return self.qualname(node.value)
         if isinstance(node, ast.Subscript):
             # sys.modules["os"] is the os module.
             if self.qualname(node.value) == "sys.modules":
                 key = _const_str(node.slice)
                 return _canonical(key) if key else None
-            return None
+            # [os][0], (os,)[0] and {"m": os}["m"] are the os module.
+            element = _literal_element(node.value, node.slice)
+            return self.qualname(element) if element is not None else None
         if isinstance(node, ast.Call):
             func = self.qualname(node.func)
             arg = _const_str(node.args[0]) if node.args else None
-            if func in ("builtins.__import__", "importlib.import_module") and arg:
+            if func in _IMPORTERS and arg:
+                return _canonical(arg)
+            if func == "sys.modules.get" and arg:
                 return _canonical(arg)
             if func == "builtins.getattr" or (
                 isinstance(node.func, ast.Name) and node.func.id == "getattr"
@@ -175,14 +178,18 @@ class _Analyzer:
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            why = _describe(_canonical(alias.name))
+            why = _describe(_canonical(alias.name)) or IMPORT_FINDINGS.get(alias.name)
             if why:
                 self.report(node, "import", f"imports {alias.name}: {why}")
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         module = _canonical(node.module or "")
         for alias in node.names:
-            why = _describe(module) or _describe(f"{module}.{alias.name}")
+            why = (
+                _describe(module)
+                or _describe(f"{module}.{alias.name}")
+                or IMPORT_FINDINGS.get(module)
+            )
             if why:
                 self.report(node, "import", f"imports {alias.name} from {node.module}: {why}")
 
@@ -190,11 +197,17 @@ class _Analyzer:
         if isinstance(node.ctx, ast.Load):
             if node.id == "__builtins__":
                 self.report(node, "escape", "__builtins__ reaches every builtin, eval included")
+            elif node.id in ("__loader__", "__spec__"):
+                self.report(node, "escape", f"{node.id} loads and runs modules")
             else:
                 qualname = self.qualname(node)
                 why = _describe(qualname) if qualname else None
                 if why:
                     self.report(node, "call", why)
+                elif qualname == "builtins.getattr" and id(node) not in self.called:
+                    # reduce(getattr, ["system"], os): the names it looks up are data.
+                    self.report(node, "computed-name", "getattr passed as a value looks up "
+                                "names the scan cannot see")  # fmt: skip
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
         if node.attr in ESCAPE_ATTRIBUTES:
@@ -205,16 +218,29 @@ class _Analyzer:
         # only when the danger starts here, so one use is one finding.
         if why and (base := self.qualname(node.value)) and _describe(base) is None:
             self.report(node, "call", why)
+        elif (
+            not why
+            and isinstance(node.ctx, ast.Load)
+            and (leaf_why := _leaf_danger(node.attr))
+            and (qualname is None or _canonical(qualname) not in HARMLESS_MEMBERS)
+        ):
+            # Anything may be a module here (a list element, a function's result, another
+            # module's re-export): a dangerous name is judged by the name.
+            self.report(node, "call", f".{node.attr}: {leaf_why}")
 
-    def visit_Subscript(self, node: ast.Subscript) -> None:
-        value = node.value
-        is_namespace = (
+    def _is_namespace(self, value: ast.AST) -> bool:
+        """Whether ``value`` is a namespace of names: ``globals()``, ``vars(m)``, ``m.__dict__``,
+        ``sys.modules``."""
+        return (
             (isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
              and value.func.id in NAMESPACE_CALLS)
             or (isinstance(value, ast.Attribute) and value.attr == "__dict__")
             or self.qualname(value) == "sys.modules"
         )  # fmt: skip
-        if is_namespace:
+
+    def visit_Subscript(self, node: ast.Subscript) -> None:
+        value = node.value
+        if self._is_namespace(value):
             key = _const_str(node.slice)
             module = self._namespace_module(value)
             if key is None:
@@ -234,6 +260,20 @@ class _Analyzer:
 
     def visit_Call(self, node: ast.Call) -> None:
         func = self.qualname(node.func)
+        if func == "yaml.load" and not any(
+            kw.arg == "Loader" and (self.qualname(kw.value) or "").endswith("SafeLoader")
+            for kw in node.keywords
+        ):
+            self.report(node, "call", "yaml.load() without SafeLoader can build any object")
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "pop", "setdefault", "__getitem__")
+            and node.args
+            and (key := _const_str(node.args[0])) is not None
+            and (_leaf_danger(key) or key in DYNAMIC_BUILTINS)
+            and self._is_namespace(node.func.value)
+        ):
+            self.report(node, "escape", f"looks up {key!r} by name")
         # Through any alias: ``f = getattr; f(os, "system")`` is getattr too.
         is_getattr = func in ("builtins.getattr", "builtins.setattr")
         if is_getattr and len(node.args) >= 2:
@@ -244,6 +284,8 @@ class _Analyzer:
                 self.report(node, "computed-name", "getattr() on a module with a computed name")
             elif attr is not None and attr in ESCAPE_ATTRIBUTES:
                 self.report(node, "escape", f"getattr() fetches {attr}")
+            elif attr is not None and not on_module and (leaf_why := _leaf_danger(attr)):
+                self.report(node, "call", f"getattr(…, {attr!r}): {leaf_why}")
             elif attr is not None and on_module:
                 full = self.qualname(node)
                 why = _describe(full) if full else None
@@ -256,13 +298,17 @@ class _Analyzer:
                 leaf = name.rsplit(".", 1)[-1] if name else None
                 if name is None:
                     self.report(node, "computed-name", f"{func}() with a computed name")
-                elif leaf in ESCAPE_ATTRIBUTES or _is_dangerous_leaf(leaf):
+                elif (
+                    leaf in ESCAPE_ATTRIBUTES
+                    or _is_dangerous_leaf(leaf)
+                    or _leaf_danger(leaf or "")
+                ):
                     self.report(node, "escape", f"{func}({name!r}) reaches {name} by name")
         if func == "importlib.import_module" and node.args:
             name = _const_str(node.args[0])
             if name is None:
                 self.report(node, "computed-name", "imports a module whose name is computed")
-            elif why := _describe(_canonical(name)):
+            elif why := _describe(_canonical(name)) or IMPORT_FINDINGS.get(name):
                 self.report(node, "import", f"imports {name}: {why}")
         if isinstance(node.func, ast.Name) and node.func.id == "open" and node.args:
             self._check_open(node)
@@ -320,6 +366,7 @@ def analyze(code: str, *, depth: int = 0) -> list[Finding]:
     analyzer = _Analyzer()
     nodes = list(ast.walk(tree))
     analyzer.collect_aliases(nodes)
+    analyzer.called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
     visitors = {
         ast.Import: analyzer.visit_Import,
         ast.ImportFrom: analyzer.visit_ImportFrom,

@@ -26,6 +26,8 @@ WRAPPERS: dict[str, set[str]] = {
     "timeout": {"-s", "-k"}, "stdbuf": {"-i", "-o", "-e"}, "setsid": set(), "xargs":
     {"-I", "-n", "-P", "-L", "-s", "-d", "-a", "-E"}, "busybox": set(), "chroot": set(),
     "unbuffer": set(), "ionice": {"-c", "-n"}, "taskset": set(), "flock": set(),
+    "parallel": set(), "watch": {"-n"}, "strace": {"-o", "-e"}, "nsenter": set(),
+    "unshare": set(), "setpriv": set(), "runuser": {"-u"}, "su": {"-c"}, "script": set(),
 }  # fmt: skip
 #: Wrappers whose first non-option argument is not the command (a duration, a directory…).
 WRAPPER_POSITIONAL = {"timeout": 1, "chroot": 1, "taskset": 1, "flock": 1}
@@ -33,8 +35,35 @@ KEYWORDS = {"if", "then", "else", "elif", "do", "while", "until", "{", "!", "tim
 SKIP_COMMANDS = {"for", "select", "case", "function", "fi", "done", "esac", "}", "in", "]]"}
 SAFE_DEVICES = ("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/",
                 "/dev/shm/")  # fmt: skip
-DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "shred", "mkswap"}
+DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "shred", "mkswap", "mke2fs",
+              "blkdiscard", "sgdisk", "gdisk", "cfdisk", "badblocks", "hdparm"}  # fmt: skip
+#: Commands that delete what they are given; run in bulk (``xargs``, ``find -exec``) they are
+#: as broad as ``rm -rf``.
+DELETERS = {"rm", "unlink", "shred", "rmdir"}
+#: Interpreters and commands whose inline code fetching something makes later runs suspect.
+_FETCH_WORDS = re.compile(
+    r"urlretrieve|urlopen|requests\.|httpx|urllib|http\.get|https?://|fetch\(|socket|"
+    r"\bcurl\b|\bwget\b|download",
+    re.IGNORECASE,
+)
+#: Commands that fetch files whose names the scan does not track (clones, copies from hosts).
+REMOTE_COPIERS = {"git", "scp", "sftp", "ftp", "tftp", "rsync", "svn", "hg", "lftp"}
+#: Commands that unpack an archive: fed something downloaded, what they write was downloaded.
+EXTRACTORS = {"tar", "bsdtar", "unzip", "gunzip", "gzip", "bunzip2", "bzip2", "xz", "unxz",
+              "zstd", "7z", "cpio", "base64", "openssl", "uudecode"}  # fmt: skip
+_STANDARD_BINS = ("/bin/", "/usr/bin/", "/usr/local/bin/", "/sbin/", "/usr/sbin/")
+#: Where a write or truncation damages the system rather than data.
+_SYSTEM_DIRS = ("/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64", "/boot", "/root", "/var")
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
+
+
+def _via_xargs(words: list[Word]) -> bool:
+    """Whether the command runs through ``xargs`` (once per input item, in bulk)."""
+    stripped = _strip(words)
+    for word in words[: len(words) - len(stripped)]:
+        if _name(word) in ("xargs", "parallel") and not word.dynamic:
+            return True
+    return False
 
 
 def _strip(words: list[Word]) -> list[Word]:
@@ -87,18 +116,58 @@ def _is_device(text: str) -> bool:
     )
 
 
+def _base(text: str) -> str:
+    return text.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _is_system_file(text: str) -> bool:
+    return any(text == d or text.startswith(d + "/") for d in _SYSTEM_DIRS)
+
+
 class _Analysis:
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, downloaded: set[str] | None = None) -> None:
         self.depth = depth
         self.findings: list[Finding] = []
-        self.downloaded: set[str] = set()
+        #: Names (last path component) of files this script fetched from the network.
+        self.downloaded: set[str] = set() if downloaded is None else downloaded
+        #: Inline code fetched something to a file whose name cannot be read statically.
+        self.fetched_unknown = False
 
     def add(self, word: Word, construct: str, detail: str) -> None:
         self.findings.append(Finding(construct, detail, word.line))
 
     def nested(self, word: Word, language: str, code: str, context: str) -> None:
-        for f in analyze_code(language, code, depth=self.depth + 1):
+        if language != "shell" and _FETCH_WORDS.search(code):
+            self.fetched_unknown = True
+        if language == "shell" and self.depth < 4:
+            # Same script state: a file downloaded outside ``bash -c`` and run inside it counts.
+            inner = _Analysis(self.depth + 1, self.downloaded)
+            inner.fetched_unknown = self.fetched_unknown
+            findings = inner.run(code)
+            self.fetched_unknown |= inner.fetched_unknown
+        else:
+            findings = analyze_code(language, code, depth=self.depth + 1)
+        for f in findings:
             self.findings.append(Finding(f.construct, f"{context}: {f.detail}", word.line))
+
+    def run(self, code: str) -> list[Finding]:
+        try:
+            commands = parse(code)
+        except ShellSyntaxError as exc:
+            return [Finding("unparseable", f"shell that does not parse ({exc})", exc.line)]
+        for command in commands:
+            self.command(command)
+        return self.findings
+
+    def is_downloaded(self, text: str) -> bool:
+        return bool(text) and _base(text) in self.downloaded
+
+    def runs_local_file(self, word: Word, how: str) -> None:
+        """``word`` names a file being run: downloaded by this script, it is CRITICAL."""
+        if self.is_downloaded(word.text):
+            self.add(word, "download-exec", f"{how} {word.text}, which this code downloaded")
+        elif self.fetched_unknown and not word.text.startswith(_STANDARD_BINS):
+            self.add(word, "download-exec", f"{how} {word.text} after this code fetched files")
 
     def command(self, cmd: Command) -> None:
         for word in [*cmd.words, *(target for _, target in cmd.redirects)]:
@@ -107,7 +176,10 @@ class _Analysis:
         for op, target in cmd.redirects:
             if op not in ("<", "<<<", "<&") and _is_device(target.text):
                 self.add(target, "device-write", f"redirects output into {target.text}")
+            elif op in (">", ">|", "&>") and _is_system_file(target.text):
+                self.add(target, "system-write", f"overwrites the system file {target.text}")
         words = _strip(cmd.words)
+        self.note_fetch_output(cmd, words)
         if not words:
             return
         head, args = words[0], words[1:]
@@ -116,18 +188,32 @@ class _Analysis:
             return
         name = _name(head)
         texts = [a.text for a in args]
-        if head.text in self.downloaded or name in {p.rsplit("/", 1)[-1] for p in self.downloaded}:
+        if "/" in head.text:
+            self.runs_local_file(head, "runs")
+        elif self.is_downloaded(head.text):
             self.add(head, "download-exec", f"runs {head.text}, which this code downloaded")
+        if name in DELETERS and _via_xargs(cmd.words):
+            self.add(head, "bulk-delete", f"xargs {name} deletes every path it is fed")
         if name == "rm":
             self.rm(head, texts)
         elif name == "find":
             self.find(head, args)
         elif name == "dd":
             for t in texts:
-                if t.startswith("of=") and _is_device(t[3:]):
+                if t.startswith("of=") and (_is_device(t[3:]) or _is_system_file(t[3:])):
                     self.add(head, "device-write", f"dd writes to {t[3:]}")
-        elif name in DISK_TOOLS or name.startswith("mkfs."):
+        elif name in DISK_TOOLS or name.startswith(("mkfs.", "mkfs")):
             self.add(head, "disk", f"{name} formats or wipes storage")
+        elif name == "truncate":
+            for t in texts:
+                if _is_device(t) or _is_system_file(t) or _is_system_path(t):
+                    self.add(head, "truncate", f"truncate empties {t}")
+        elif name in ("chmod", "chown", "chgrp") and any(
+            t in ("-R", "--recursive") or (t.startswith("-") and "R" in t) for t in texts
+        ):
+            targets = [t for t in texts if not t.startswith("-")][1:]
+            if any(_is_system_path(t) for t in targets):
+                self.add(head, "chmod-system", f"{name} -R changes {' '.join(targets)}")
         elif name == "tee":
             for t in texts:
                 if _is_device(t):
@@ -136,9 +222,33 @@ class _Analysis:
             self.add(head, "eval", "eval runs a string as shell code")
         elif name in ("source", ".") and args and args[0].dynamic:
             self.add(head, "source-dynamic", f"{name} runs a script computed at run time")
-        elif name in DOWNLOADERS:
+        elif name in ("source", ".") and args:
+            self.runs_local_file(args[0], name)
+        elif name in ("mv", "cp", "ln", "install", "rsync") and len(texts) >= 2:
+            operands = [t for t in texts if not t.startswith("-")]
+            if any(self.is_downloaded(t) for t in operands[:-1]):
+                self.downloaded.add(_base(operands[-1]))
+        if name in DOWNLOADERS:
             self.note_download(name, texts)
+        elif name in REMOTE_COPIERS and (name != "rsync" or any(":" in t for t in texts)):
+            self.fetched_unknown |= name != "git" or bool({"clone", "pull", "fetch"} & set(texts))
+        elif name in EXTRACTORS and (
+            any(self.is_downloaded(t) for t in texts)
+            or any((s := _strip(up.words)) and _name(s[0]) in DOWNLOADERS for up in cmd.upstream)
+        ):
+            self.fetched_unknown = True  # what it unpacks came from the network
         self.interpreter(cmd, head, name, args)
+
+    def note_fetch_output(self, cmd: Command, words: list[Word]) -> None:
+        """Files a pipeline with a downloader in it writes (``curl … > f``, ``| tee f``)."""
+        stages = [_strip(up.words) for up in cmd.upstream] + [words]
+        if not any(s and _name(s[0]) in DOWNLOADERS for s in stages):
+            return
+        for op, target in cmd.redirects:
+            if op in (">", ">>", ">|", "&>", "&>>") and not target.dynamic:
+                self.downloaded.add(_base(target.text))
+        if words and _name(words[0]) == "tee":
+            self.downloaded.update(_base(w.text) for w in words[1:] if not w.text.startswith("-"))
 
     def rm(self, head: Word, texts: list[str]) -> None:
         recursive = force = False
@@ -148,8 +258,12 @@ class _Analysis:
             if not options_done and t == "--":
                 options_done = True
             elif not options_done and t.startswith("--"):
-                recursive |= t == "--recursive"
-                force |= t == "--force"
+                # GNU accepts any unambiguous prefix: --rec, --recur, --f, --forc.
+                option = t.split("=", 1)[0]
+                recursive |= len(option) >= 3 and "--recursive".startswith(option)
+                force |= len(option) >= 3 and "--force".startswith(option)
+                if "--no-preserve-root".startswith(option) and len(option) >= 5:
+                    self.add(head, "rm-rf", "rm --no-preserve-root may delete /")
             elif not options_done and t.startswith("-") and len(t) > 1:
                 recursive |= "r" in t or "R" in t
                 force |= "f" in t
@@ -164,25 +278,44 @@ class _Analysis:
         texts = [a.text for a in args]
         roots = [t for t in texts[: next((i for i, t in enumerate(texts) if t.startswith("-")),
                                          len(texts))]]  # fmt: skip
-        if "-delete" in texts and (not roots or any(_is_system_path(r) for r in roots)):
+        if "-delete" in texts:
             self.add(head, "rm-rf", f"find {' '.join(roots) or '.'} -delete")
         for i, t in enumerate(texts):
             if t in ("-exec", "-execdir", "-ok", "-okdir"):
                 end = next((j for j in range(i + 1, len(texts)) if texts[j] in (";", "+")),
                            len(texts))  # fmt: skip
+                inner = _strip(args[i + 1 : end])
+                if inner and _name(inner[0]) in DELETERS:
+                    self.add(head, "bulk-delete", f"find {t} {_name(inner[0])} deletes every "
+                             "file it finds")  # fmt: skip
                 self.command(Command(words=args[i + 1 : end]))
 
     def note_download(self, name: str, texts: list[str]) -> None:
+        """Remember the files a downloader writes, in every option spelling."""
+        # The letter whose value is the output file: curl -o, wget/aria2c -O, nc has none.
+        letter = "o" if name in ("curl", "aria2c", "fetch") else "O"
+        remote_name = name != "curl"  # wget saves under the URL's name unless told otherwise
         for i, t in enumerate(texts):
-            if t in ("-o", "--output", "-O", "--output-document") and i + 1 < len(texts):
-                if not (name == "curl" and t == "-O"):
-                    self.downloaded.add(texts[i + 1])
-            elif t.startswith("--output-document="):
-                self.downloaded.add(t.split("=", 1)[1])
-        if name == "wget" or "-O" in texts:  # saved under the URL's last path component
+            value: str | None = None
+            if t.startswith("--"):
+                option, eq, rest = t.partition("=")
+                if option in ("--output", "--output-document", "--out", "--output-file"):
+                    value = rest if eq else (texts[i + 1] if i + 1 < len(texts) else None)
+                elif option in ("--remote-name", "--remote-name-all"):
+                    remote_name = True
+            elif t.startswith("-") and len(t) > 1:
+                flags = t[1:]
+                if name == "curl" and "O" in flags:
+                    remote_name = True
+                if letter in flags:
+                    after = flags[flags.index(letter) + 1 :]
+                    value = after or (texts[i + 1] if i + 1 < len(texts) else None)
+            if value and value != "-":
+                self.downloaded.add(_base(value))
+        if remote_name:
             for t in texts:
                 if "://" in t:
-                    self.downloaded.add(t.rstrip("/").rsplit("/", 1)[-1])
+                    self.downloaded.add(_base(t.split("?", 1)[0]))
 
     def interpreter(self, cmd: Command, head: Word, name: str, args: list[Word]) -> None:
         language: str | None
@@ -225,9 +358,13 @@ class _Analysis:
         if script is not None and script.text not in ("-", "/dev/stdin"):
             if script.dynamic:
                 self.add(script, "dynamic-script", f"{name} runs a script computed at run time")
-            elif script.text in self.downloaded:
-                self.add(script, "download-exec", f"{name} runs {script.text}, just downloaded")
+            else:
+                self.runs_local_file(script, f"{name} runs")
             return
+        for op, target in cmd.redirects:
+            if op == "<" and self.is_downloaded(target.text):
+                self.add(target, "download-exec", f"{name} runs {target.text}, which this code "
+                         "downloaded")  # fmt: skip
         if cmd.heredoc is not None and language is not None:
             self.nested(head, language, cmd.heredoc, f"in code fed to {name}")
         elif cmd.heredoc is None and any(op == "<<<" for op, _ in cmd.redirects):
@@ -270,11 +407,5 @@ def _literal_output(stages: list[Command]) -> str | None:
 
 def analyze(code: str, *, depth: int = 0) -> list[Finding]:
     """Findings for shell ``code``; code that does not parse is one ``unparseable`` finding."""
-    try:
-        commands = parse(code)
-    except ShellSyntaxError as exc:
-        return [Finding("unparseable", f"shell that does not parse ({exc})", exc.line)]
-    analysis = _Analysis(depth)
-    for command in commands:
-        analysis.command(command)
-    return sorted(set(analysis.findings), key=lambda f: (f.line or 0, f.construct, f.detail))
+    findings = _Analysis(depth).run(code)
+    return sorted(set(findings), key=lambda f: (f.line or 0, f.construct, f.detail))
