@@ -1,38 +1,80 @@
-"""An HTTP/HTTPS egress proxy that lets each sandbox reach exactly its allowed domains.
+"""An HTTP/HTTPS egress proxy that lets one sandbox reach exactly its allowed domains.
 
-Standard library only (it can run on the host or in a container). Clients are told apart by
-their source address, which the caller maps to an :class:`~harombe.security.netpolicy.Allowlist`
-through ``policy_for``; the mapping is read on every connection, so a changed allowlist takes
-effect on the next one. Two request forms are served:
+Standard library only (it can run on the host or in a container). ``policy_for(client_ip)``
+maps the peer address of a connection to ``(sandbox_id, allowlist)``, or None for any address
+but the one sandbox the proxy serves: such a client gets 403 before a byte of its request is
+read. The mapping is read on every connection, so a changed allowlist takes effect on the next
+one. Two request forms are served, one request per connection:
 
 * ``CONNECT host:port`` (HTTPS and any TLS): checked, resolved, then a byte tunnel. TLS stays
-  end to end; the proxy sees the name the client asked for, never the traffic.
-* ``GET http://host/path`` (plain HTTP through a proxy): checked, resolved, forwarded in origin
-  form with ``Connection: close``.
+  end to end; the proxy sees the name the client asked for, never the traffic (nor the TLS
+  SNI, which is therefore not checked against that name).
+* ``GET http://host/path`` (plain HTTP through a proxy): parsed strictly
+  (:mod:`harombe.security.egress_http`), checked, resolved, forwarded in origin form with the
+  ``Host`` header set to the checked authority and ``Connection: close``; exactly the request's
+  body follows, nothing after it (a pipelined second request never reaches the origin).
 
-Names are resolved here, not in the sandbox, and an allowed name that resolves to a loopback,
-private or otherwise special address is refused unless ``allow_private`` is set. Every
-decision is one audit event: ``egress.allowed`` or ``egress.refused`` with the client, domain,
-port and reason.
+Names are resolved here, once per connection, and the connection goes to an address that was
+checked: an allowed name that resolves to a loopback, private or otherwise special address is
+refused unless ``allow_private`` is set. Refusals name the requested host and the reason, never
+an address. Every decision is one audit event, ``egress.allowed`` or ``egress.refused``, with
+the true client (peer address and port, and the sandbox that address belongs to).
+
+One sandbox cannot starve another: each proxy holds at most ``max_connections`` client
+connections and ``max_connects_in_flight`` resolve-and-connect attempts, a request head must
+arrive within ``header_timeout_s``, a connection that carries nothing for ``idle_timeout_s``
+is closed, and all proxies together stay within a :class:`ConnectionBudget` derived from the
+process's file-descriptor limit (:func:`raise_fd_limit`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import socket
+import time
 from collections.abc import Awaitable, Callable
-from urllib.parse import urlsplit
 
 import structlog
 
-from harombe.security.netpolicy import Allowlist, address_is_public
+from harombe.security.egress_http import (
+    MAX_HEAD_BYTES,
+    BadRequest,
+    RequestHead,
+    copy_body,
+    parse_head,
+)
+from harombe.security.netpolicy import Allowlist, address_is_public, normalize_host
 
 log = structlog.get_logger(__name__)
 
-MAX_HEADER_BYTES = 65536
+#: Connections one sandbox may hold open through its proxy at once; more are answered 503.
+#: Browsers use about 6 per host and package managers up to 16; 64 leaves room for both.
+MAX_CONNECTIONS_PER_SANDBOX = 64
+#: Resolve-and-connect attempts one sandbox may have in flight at once; more wait their turn,
+#: so one sandbox's slow names cannot hold the resolver threads every sandbox shares.
+MAX_CONNECTS_IN_FLIGHT = 4
+#: Seconds a client has to send a whole request head (slow-header attacks).
+HEADER_TIMEOUT_S = 10.0
+#: Seconds a tunnel or a forwarded request may carry no byte either way before it is closed.
+IDLE_TIMEOUT_S = 120.0
+#: Seconds to resolve a name, and to connect to one of its addresses.
+CONNECT_TIMEOUT_S = 10.0
+#: Addresses of one name tried in turn before giving up.
+MAX_ADDRESSES_TRIED = 4
+#: Refused connections per proxy that may linger (up to :data:`LINGER_S`) to read what the
+#: client already sent, so it gets the refusal rather than a reset; past this, they just close.
+MAX_LINGERING = 16
+LINGER_S = 0.5
+#: File descriptors kept back from proxied connections for everything else harombe does.
+FD_RESERVE = 512
+#: A soft ``RLIMIT_NOFILE`` below this after raising it is logged as too low.
+MIN_FD_LIMIT = 4096
+
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 PolicyFor = Callable[[str], "tuple[str, Allowlist] | None"]
+Identify = Callable[[str], "str | None"]
 
 
 async def system_resolver(host: str, port: int) -> list[str]:
@@ -41,145 +83,328 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return [str(info[4][0]) for info in infos]
 
 
+async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Connect to a checked address (a seam for tests that cannot reach public addresses)."""
+    return await asyncio.open_connection(address, port)
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; the resulting soft limit.
+
+    Logs ``egress.fd_limit_low`` (with the fix) when it stays under :data:`MIN_FD_LIMIT`."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("egress.fd_limit_raised", soft=target, was=soft)
+            soft = target
+    if soft != resource.RLIM_INFINITY and soft < MIN_FD_LIMIT:
+        log.warning(
+            "egress.fd_limit_low", soft=soft, hard=hard, minimum=MIN_FD_LIMIT,
+            fix="raise the open-files limit (ulimit -n, LimitNOFILE=) for the harombe process",
+        )  # fmt: skip
+    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+class ConnectionBudget:
+    """How many proxied connections all proxies of this process may hold together; each takes
+    up to two file descriptors (client and origin)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(capacity, 1)
+        self.in_use = 0
+
+    @classmethod
+    def from_fd_limit(cls, fd_limit: int) -> ConnectionBudget:
+        return cls((fd_limit - FD_RESERVE) // 2)
+
+    def acquire(self) -> bool:
+        if self.in_use >= self.capacity:
+            return False
+        self.in_use += 1
+        return True
+
+    def release(self) -> None:
+        self.in_use -= 1
+
+
 class Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    """A decision to refuse: ``str()`` goes to the client (host and reason only), ``detail``
+    only to the audit log."""
+
+    def __init__(self, status: int, reason: str, detail: str = "") -> None:
         super().__init__(reason)
         self.status = status
+        self.detail = detail
 
 
 class EgressProxy:
-    """See the module docstring. ``policy_for(client_ip)`` returns ``(sandbox_id, allowlist)``
-    or None for a client that is no sandbox (refused)."""
+    """See the module docstring. ``identify(client_ip)`` names the sandbox an address belongs
+    to, for the audit of clients that are refused as not this proxy's own."""
 
     def __init__(
         self,
         policy_for: PolicyFor,
         *,
+        identify: Identify | None = None,
         resolver: Resolver = system_resolver,
         allow_private: bool = False,
-        connect_timeout_s: float = 10.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS_PER_SANDBOX,
+        max_connects_in_flight: int = MAX_CONNECTS_IN_FLIGHT,
+        budget: ConnectionBudget | None = None,
     ) -> None:
         self.policy_for = policy_for
+        self.identify = identify or (lambda client: None)
         self.resolver = resolver
         self.allow_private = allow_private
         self.connect_timeout_s = connect_timeout_s
+        self.header_timeout_s = header_timeout_s
+        self.idle_timeout_s = idle_timeout_s
+        self.max_connections = max_connections
+        self.budget = budget or ConnectionBudget(1 << 30)
+        self.connections = 0
+        self._connecting = asyncio.Semaphore(max_connects_in_flight)
         self._server: asyncio.Server | None = None
+        self._over_cap = 0  # refusals for the connection cap not yet logged
+        self._over_cap_logged_at = 0.0
+        self._lingering = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> tuple[str, int]:
         """Listen; returns the bound address."""
-        self._server = await asyncio.start_server(self._handle, host, port)
+        self._server = await asyncio.start_server(
+            self._handle, host, port, limit=MAX_HEAD_BYTES, backlog=self.max_connections
+        )
         bound = self._server.sockets[0].getsockname()
         return str(bound[0]), int(bound[1])
 
     async def stop(self) -> None:
+        """Stop listening and end every connection still open (tunnels included)."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
             self._server = None
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=CONNECT_TIMEOUT_S)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client = str((writer.get_extra_info("peername") or ("?",))[0])
-        sandbox, host, port = None, "?", 0
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        client_ip = str(peer[0])
+        client: dict[str, object] = {"client": client_ip, "client_port": int(peer[1])}
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            if len(head) > MAX_HEADER_BYTES:
-                raise Refused(431, "request headers too large")
-            lines = head.decode("latin-1").split("\r\n")
-            method, target, _version = [*lines[0].split(" "), "", "", ""][:3]
-            if method.upper() == "CONNECT":
-                host, _, port_text = target.rpartition(":")
-                port = int(port_text) if port_text.isdigit() else 0
-            else:
-                url = urlsplit(target)
-                if url.scheme != "http" or not url.hostname:
-                    raise Refused(400, "only absolute http:// URLs and CONNECT are proxied")
-                host, port = url.hostname, url.port or 80
-            policy = self.policy_for(client)
+            policy = self.policy_for(client_ip)
             if policy is None:
-                raise Refused(403, "this address belongs to no network-enabled sandbox")
-            sandbox, allowlist = policy
+                # Not this proxy's sandbox: refused before a byte is read.
+                self._refused(client, Refused(403, "this proxy serves another sandbox"),
+                              sandbox_id=self.identify(client_ip))  # fmt: skip
+                await _reply(writer, 403, "this proxy serves another sandbox")
+                await self._linger(reader, writer)
+                return
+            if self.connections >= self.max_connections or not self.budget.acquire():
+                self._refused_over_cap(client, policy[0])
+                await _reply(writer, 503, "too many connections from this sandbox; close some")
+                await self._linger(reader, writer)
+                return
+            self.connections += 1
+            try:
+                await self._serve(reader, writer, client, *policy)
+            finally:
+                self.connections -= 1
+                self.budget.release()
+        except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            pass  # stop() ends the connection; the handler task itself must end cleanly
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, OSError, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    async def _serve(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        client: dict[str, object],
+        sandbox: str,
+        allowlist: Allowlist,
+    ) -> None:
+        host, port = "?", 0
+        try:
+            try:
+                async with asyncio.timeout(self.header_timeout_s):
+                    data = await reader.readuntil(b"\r\n\r\n")
+            except TimeoutError:
+                raise Refused(408, "request head not received in time") from None
+            except asyncio.LimitOverrunError:
+                raise Refused(431, "request head too large") from None
+            except asyncio.IncompleteReadError:
+                return  # the client went away
+            try:
+                head = parse_head(data)
+            except BadRequest as exc:
+                raise Refused(exc.status, str(exc)) from None
+            host, port = head.host, head.port
             allowed, why = allowlist.allows(host, port)
             if not allowed:
                 raise Refused(403, why)
-            upstream_r, upstream_w = await self._open(host.strip("[]"), port)
-            log.info("egress.allowed", sandbox_id=sandbox, client=client, domain=host,
-                     port=port, reason=why)  # fmt: skip
-            if method.upper() == "CONNECT":
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
-            else:
-                upstream_w.write(_origin_form(lines, url))
-                await upstream_w.drain()
-            await _pipe_both(reader, writer, upstream_r, upstream_w)
+            host = normalize_host(host)
+            async with self._connecting:
+                upstream_r, upstream_w = await self._open(host, port)
+            log.info("egress.allowed", sandbox_id=sandbox, **client, domain=host, port=port,
+                     reason=why)  # fmt: skip
+            try:
+                if head.connect:
+                    writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    await writer.drain()
+                    await _pipe([(reader, upstream_w), (upstream_r, writer)], self.idle_timeout_s)
+                else:
+                    upstream_w.write(head.origin_request(host))
+                    await upstream_w.drain()
+                    await self._forward(head, reader, upstream_r, upstream_w, writer)
+            finally:
+                upstream_w.close()
         except Refused as exc:
-            log.info("egress.refused", sandbox_id=sandbox, client=client, domain=host,
-                     port=port, reason=str(exc))  # fmt: skip
-            body = f"harombe egress proxy: {exc}\n".encode()
-            with contextlib.suppress(ConnectionError):
-                writer.write(
-                    f"HTTP/1.1 {exc.status} Refused\r\nContent-Type: text/plain\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                    + body
-                )
-                await writer.drain()
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+            self._refused(client, exc, sandbox_id=sandbox, domain=host[:253], port=port)
+            await _reply(writer, exc.status, str(exc))
+            await self._linger(reader, writer)
+
+    async def _forward(
+        self,
+        head: RequestHead,
+        reader: asyncio.StreamReader,
+        upstream_r: asyncio.StreamReader,
+        upstream_w: asyncio.StreamWriter,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """The request's body to the origin while its response comes back (an origin may answer
+        ``100 Continue`` or early); nothing the client sends after the body is read."""
+
+        async def send_body() -> None:
+            try:
+                await copy_body(head, reader, upstream_w, self.idle_timeout_s)
+            except (BadRequest, TimeoutError, ConnectionError, OSError):
+                # The origin must not act on a truncated body; this also ends the response.
+                upstream_w.close()
+
+        body = asyncio.create_task(send_body())
+        try:
+            await _pipe([(upstream_r, writer)], self.idle_timeout_s, busy=lambda: not body.done())
+            await body  # an origin that half-closed early may still read the rest
+        finally:
+            if not body.done():
+                body.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await body
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Read and drop what the client sent, briefly, before closing: closing a socket with
+        unread input resets it, and the client would lose the refusal it was just sent."""
+        if self._lingering >= MAX_LINGERING:
+            return
+        self._lingering += 1
+        try:
+            with contextlib.suppress(OSError, RuntimeError):
+                writer.write_eof()
+            async with asyncio.timeout(LINGER_S):
+                while await reader.read(65536):
+                    pass
+        except (TimeoutError, ConnectionError, OSError, asyncio.LimitOverrunError):
             pass
         finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
+            self._lingering -= 1
+
+    def _refused(self, client: dict[str, object], exc: Refused, **fields: object) -> None:
+        log.info("egress.refused", **client, **fields, reason=str(exc),
+                 **({"detail": exc.detail} if exc.detail else {}))  # fmt: skip
+
+    def _refused_over_cap(self, client: dict[str, object], sandbox: str) -> None:
+        """Audited at most once a second, with the count since, so a flood of refused
+        connections cannot flood the log too."""
+        self._over_cap += 1
+        now = time.monotonic()
+        if now - self._over_cap_logged_at >= 1.0:
+            log.info("egress.refused", sandbox_id=sandbox, **client,
+                     reason="connection limit reached", limit=self.max_connections,
+                     count=self._over_cap)  # fmt: skip
+            self._over_cap, self._over_cap_logged_at = 0, now
 
     async def _open(
         self, host: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Resolve once and connect to one of the addresses just checked (DNS rebinding
+        between check and connect is impossible: there is no second lookup)."""
         try:
-            addresses = await asyncio.wait_for(self.resolver(host, port), self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):
+                addresses = await self.resolver(host, port)
         except (OSError, TimeoutError) as exc:
-            raise Refused(502, f"{host} does not resolve ({exc})") from None
+            raise Refused(502, f"{host} does not resolve", detail=str(exc)) from None
         usable = [a for a in addresses if self.allow_private or address_is_public(a)]
         if not usable:
-            raise Refused(403, f"{host} resolves only to local or private addresses {addresses}")
+            raise Refused(403, f"{host} resolves only to local or private addresses",
+                          detail=f"addresses={addresses}")  # fmt: skip
         last: Exception | None = None
-        for address in usable:
+        for address in usable[:MAX_ADDRESSES_TRIED]:
             try:
-                return await asyncio.wait_for(
-                    asyncio.open_connection(address, port), self.connect_timeout_s
-                )
+                async with asyncio.timeout(self.connect_timeout_s):
+                    return await _dial(address, port)
             except (OSError, TimeoutError) as exc:
                 last = exc
-        raise Refused(502, f"could not connect to {host}:{port} ({last})")
+        reason = "timed out" if isinstance(last, TimeoutError) else "connection failed"
+        raise Refused(502, f"could not connect to {host}:{port} ({reason})", detail=str(last))
 
 
-def _origin_form(lines: list[str], url: object) -> bytes:
-    """The request rewritten for the origin server: path-only target, no proxy headers."""
-    parts = urlsplit(lines[0].split(" ")[1])
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    method, _, version = lines[0].partition(" ")
-    version = version.rsplit(" ", 1)[-1]
-    headers = [
-        line for line in lines[1:]
-        if line and not line.lower().startswith(("proxy-", "connection:"))
-    ]  # fmt: skip
-    out = [f"{method} {path} {version}", *headers, "Connection: close", "", ""]
-    return "\r\n".join(out).encode("latin-1")
+async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    body = f"harombe egress proxy: {reason}\n".encode()
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.write(
+            f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
 
 
-async def _pipe_both(
-    a_r: asyncio.StreamReader,
-    a_w: asyncio.StreamWriter,
-    b_r: asyncio.StreamReader,
-    b_w: asyncio.StreamWriter,
+async def _pipe(
+    pairs: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    idle_timeout_s: float,
+    *,
+    busy: Callable[[], bool] = lambda: False,
 ) -> None:
+    """Copy each reader to its writer until EOF, or until no byte has moved in any direction
+    for ``idle_timeout_s`` (a writer that stops reading counts as idle too) while ``busy()``
+    (other work on the connection, such as an upload) is false."""
+    loop = asyncio.get_running_loop()
+    last = [loop.time()]
+
     async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        except ConnectionError:
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout_s):
+                        data = await src.read(65536)
+                        if data:
+                            dst.write(data)
+                            await dst.drain()
+                except TimeoutError:
+                    if loop.time() - last[0] >= idle_timeout_s and not busy():
+                        return
+                    continue
+                if not data:
+                    break
+                last[0] = loop.time()
+        except (ConnectionError, OSError):
             pass
         finally:
             with contextlib.suppress(OSError, RuntimeError):
                 dst.write_eof()
 
-    await asyncio.gather(pump(a_r, b_w), pump(b_r, a_w))
-    b_w.close()
+    await asyncio.gather(*(pump(src, dst) for src, dst in pairs))

@@ -2,20 +2,32 @@
 firewall rules that let the sandbox reach nothing on the host but that proxy.
 
 See ``docs/network.md``. One network per network-enabled sandbox, so a sandbox never shares a
-network with another and the proxy on a gateway serves exactly one sandbox.
+network with another, and the proxy on a gateway serves exactly one sandbox: the firewall lets
+only that sandbox's address, on that network's bridge, reach that gateway's proxy port, and the
+proxy itself refuses any other peer address. Until :meth:`SandboxNetworks.bind` learns the
+sandbox's address (after its container starts, before any code runs), nothing reaches the proxy.
+IPv6 is switched off on the bridge, so the host has no address a sandbox could reach it by
+there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
 
 from harombe.errors import InfrastructureError
-from harombe.security.docker_manager import DockerManager
-from harombe.security.egress import EgressProxy, Resolver, system_resolver
+from harombe.security.docker_manager import DockerManager, settle
+from harombe.security.egress import (
+    ConnectionBudget,
+    EgressProxy,
+    Resolver,
+    raise_fd_limit,
+    system_resolver,
+)
 from harombe.security.netpolicy import Allowlist
 
 log = structlog.get_logger(__name__)
@@ -41,6 +53,7 @@ class Lease:
     allowlist: Allowlist
     proxy: EgressProxy | None = None
     rules: list[list[str]] = field(default_factory=list)
+    client_ip: str | None = None  # the sandbox's address on the network, once bound
 
     @property
     def proxy_url(self) -> str:
@@ -85,6 +98,25 @@ async def _rules_for(chain: str, bridge: str) -> list[list[str]]:
     return rules
 
 
+async def _disable_ipv6(bridge: str) -> None:
+    """Switch IPv6 off on the host side of ``bridge``: no link-local address the sandbox could
+    reach host services by (the IPv4 firewall rules do not cover IPv6). A host without IPv6
+    has nothing to switch off."""
+    path = f"/proc/sys/net/ipv6/conf/{bridge}/disable_ipv6"
+
+    def write() -> None:
+        with contextlib.suppress(FileNotFoundError), open(path, "w") as f:
+            f.write("1\n")
+
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, write)
+    except OSError as exc:
+        raise InfrastructureError(
+            f"cannot switch IPv6 off on {bridge} ({exc.strerror}); harombe needs root on the "
+            "Docker host to keep network-enabled sandboxes away from host services"
+        ) from exc
+
+
 class SandboxNetworks:
     """Creates and removes sandbox networks; see the module docstring."""
 
@@ -101,6 +133,8 @@ class SandboxNetworks:
         self.resolver = resolver
         self.allow_private = allow_private
         self._leases: dict[str, Lease] = {}
+        # Every proxy of this process shares one budget, derived from the fd limit raised here.
+        self.budget = ConnectionBudget.from_fd_limit(raise_fd_limit())
 
     def get(self, sandbox_id: str) -> Lease | None:
         return self._leases.get(sandbox_id)
@@ -115,9 +149,16 @@ class SandboxNetworks:
         try:
             lease.bridge = await self.docker.network_bridge(network_id)
             lease.proxy = EgressProxy(
-                lambda client: (sandbox_id, lease.allowlist),
+                # Only the sandbox's own address is served, and only once it is known.
+                lambda client: (
+                    (sandbox_id, lease.allowlist)
+                    if lease.client_ip is not None and client == lease.client_ip
+                    else None
+                ),
+                identify=self.sandbox_at,
                 resolver=self.resolver,
                 allow_private=self.allow_private,
+                budget=self.budget,
             )
             try:
                 await lease.proxy.start(gateway, PROXY_PORT)
@@ -126,19 +167,21 @@ class SandboxNetworks:
                     f"the egress proxy cannot listen on {gateway}:{PROXY_PORT} ({exc.strerror}); "
                     "network-enabled sandboxes need harombe to run on the Docker host"
                 ) from exc
-            # Into the host from this bridge: the proxy's port only; anything else is refused
-            # at once (REJECT, not DROP, so it fails fast).
-            # Out of this bridge to anywhere else (other networks, other sandboxes, outside):
-            # refused at once too, rather than left to time out.
+            await _disable_ipv6(lease.bridge)
+            # Into the host from this bridge: nothing until bind() opens the proxy's port to
+            # the sandbox's own address; anything else is refused at once (REJECT, not DROP,
+            # so it fails fast). Out of this bridge to anywhere else (other networks, other
+            # sandboxes, outside): refused at once too, rather than left to time out.
+            # The proxy's port is refused from every other interface too (other Docker
+            # networks, the host itself), so only this bridge can ever reach it.
             reject = ["-j", "REJECT", "--reject-with", "icmp-port-unreachable"]
+            proxy_port = ["-d", f"{gateway}/32", "-p", "tcp", "--dport", str(PROXY_PORT)]
             for chain, rule in (
                 ("INPUT", ["-i", lease.bridge, *reject]),
-                ("INPUT", ["-i", lease.bridge, "-p", "tcp", "--dport", str(PROXY_PORT),
-                           "-j", "ACCEPT"]),
+                ("INPUT", ["!", "-i", lease.bridge, *proxy_port, *reject]),
                 ("FORWARD", ["-i", lease.bridge, *reject]),
-            ):  # fmt: skip
-                await _iptables("-I", chain, *rule)
-                lease.rules.append([chain, *rule])
+            ):
+                await self._add_rule(lease, chain, rule)
         except BaseException:
             await self._release(lease)
             raise
@@ -147,6 +190,42 @@ class SandboxNetworks:
         log.info("network.attached", sandbox_id=sandbox_id, network=name, gateway=gateway,
                  allowed=allowed)  # fmt: skip
         return lease
+
+    async def bind(self, sandbox_id: str, container_id: str) -> str:
+        """Let the sandbox's container, and it alone, reach its proxy; its address.
+
+        Called once the container has started (Docker assigns the address then) and before
+        any code runs in it. The firewall rule names the bridge, the source address and the
+        gateway, so neither another sandbox nor this one on another gateway matches it."""
+        lease = self._leases.get(sandbox_id)
+        if lease is None:
+            raise InfrastructureError(f"sandbox {sandbox_id} has no network to bind")
+        address = await self.docker.container_address(container_id, lease.network_name)
+        if not address:
+            raise InfrastructureError(
+                f"sandbox {sandbox_id} got no address on {lease.network_name}; check that "
+                "Docker's bridge networks work (docker network inspect)"
+            )
+        await self._add_rule(lease, "INPUT", [
+            "-i", lease.bridge, "-s", f"{address}/32", "-d", f"{lease.gateway}/32",
+            "-p", "tcp", "--dport", str(PROXY_PORT), "-j", "ACCEPT",
+        ])  # fmt: skip
+        lease.client_ip = address
+        log.info("network.bound", sandbox_id=sandbox_id, client=address, bridge=lease.bridge)
+        return address
+
+    def sandbox_at(self, address: str) -> str | None:
+        """The sandbox whose network address ``address`` is, if any (for the audit)."""
+        for lease in self._leases.values():
+            if lease.client_ip == address:
+                return lease.sandbox_id
+        return None
+
+    async def _add_rule(self, lease: Lease, chain: str, rule: list[str]) -> None:
+        """Insert a rule and record it for removal; a caller cancelled meanwhile leaves no
+        rule behind that nothing knows of."""
+        await settle(_iptables("-I", chain, *rule), undo=lambda _: _iptables("-D", chain, *rule))
+        lease.rules.append([chain, *rule])
 
     def set_allowed(self, sandbox_id: str, allowed_domains: Sequence[str]) -> None:
         """Replace the allowlist; the next connection through the proxy uses it."""

@@ -4,9 +4,11 @@ Names are resolved by a test resolver that knows only the origin containers; no 
 address is ever contacted. TLS uses a CA made for the test, trusted through the config.
 """
 
+import ast
 import asyncio
 import base64
 import hashlib
+import itertools
 import subprocess
 import sys
 import uuid
@@ -31,6 +33,10 @@ HTTPS_SERVER = (
     "c.load_cert_chain('/certs/s.pem', '/certs/s.key')\n"
     "s.socket = c.wrap_socket(s.socket, server_side=True)\ns.serve_forever()"
 )
+
+
+def read(path: str) -> str:
+    return Path(path).read_text()
 
 
 def sh(*argv: str) -> str:
@@ -178,6 +184,53 @@ async def test_allowed_domains_are_reachable_over_http_and_https(
     assert result["result"] == "[200, 200]", result
     allowed = {(e["domain"], e["port"]) for e in events if e["event"] == "egress.allowed"}
     assert allowed == {("plain.test", 80), ("secure.test", 443)}
+    lease = net_tools.sandbox_manager.networks.get(result["sandbox_id"])
+    assert lease is not None and lease.client_ip
+    clients = {(e["sandbox_id"], e["client"]) for e in events if e["event"] == "egress.allowed"}
+    assert clients == {(result["sandbox_id"], lease.client_ip)}, "the audit names the true client"
+
+
+async def test_only_the_sandbox_itself_may_reach_its_proxy(net_tools: CodeExecutionTools) -> None:
+    """The one rule that opens the proxy's port names the bridge, the sandbox's address and the
+    gateway; and the bridge has no IPv6 address a sandbox could reach the host by."""
+    result = await net_tools.code_execute(
+        language="python", code="1", network_enabled=True, allowed_domains=["plain.test"]
+    )
+    lease = net_tools.sandbox_manager.networks.get(result["sandbox_id"])
+    assert lease is not None
+    accepts = [line for line in sh("iptables", "-S", "INPUT").splitlines()
+               if lease.bridge in line and "ACCEPT" in line]  # fmt: skip
+    assert len(accepts) == 1, accepts
+    words = accepts[0].split()
+    assert words[words.index("-s") + 1] == f"{lease.client_ip}/32"
+    assert words[words.index("-d") + 1] == f"{lease.gateway}/32"
+    assert words[words.index("--dport") + 1] == "3128"
+    assert read(f"/proc/sys/net/ipv6/conf/{lease.bridge}/disable_ipv6").strip() == "1"
+    with pytest.raises(ConnectionRefusedError):  # from the host (not the bridge): refused
+        await asyncio.wait_for(asyncio.open_connection(lease.gateway, 3128), 10)
+    assert "inet6" not in sh("ip", "-6", "addr", "show", "dev", lease.bridge)
+
+
+@pytest.mark.parametrize("network_enabled", [False, True], ids=["offline", "network-enabled"])
+async def test_no_host_resolver_is_visible(
+    net_tools: CodeExecutionTools, network_enabled: bool
+) -> None:
+    """No sandbox sees the host's nameservers or search domains, or resolves a name itself."""
+    host = read("/etc/resolv.conf").split()
+    host_servers = {w for p, w in itertools.pairwise(host) if p == "nameserver"}
+    code = (
+        "import socket\ntry:\n    socket.getaddrinfo('plain.test', 80); dns = 'RESOLVED'\n"
+        "except OSError:\n    dns = 'none'\n[open('/etc/resolv.conf').read(), dns]"
+    )
+    result = await net_tools.code_execute(
+        language="python", code=code, network_enabled=network_enabled,
+        allowed_domains=["plain.test"] if network_enabled else None,
+    )  # fmt: skip
+    resolv, dns = ast.literal_eval(result["result"])
+    servers = {w for p, w in itertools.pairwise(resolv.split()) if p == "nameserver"}
+    assert servers <= {"127.0.0.1", "127.0.0.11"} and not servers & host_servers, resolv
+    assert "search" not in resolv.split(), resolv
+    assert dns == "none"
 
 
 @pytest.mark.parametrize(
