@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import os
 import sys
 from typing import Any
 
-import structlog
+from harombe import logs
 
 
 def _quiet_logs(verbose: bool) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING
-    structlog.configure(
-        wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    )
+    """Only warnings (all events with -v) on stderr, so the demo's output reads cleanly;
+    ``HAROMBE_LOG_LEVEL`` and ``HAROMBE_LOG_JSON`` still apply."""
+    level = "debug" if verbose else os.environ.get(logs.LEVEL_ENV) or "warning"
+    logs.configure(level=level)
 
 
 async def demo() -> int:
@@ -138,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     images.add_argument("action", choices=["build"])
     images.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
-    _quiet_logs(args.verbose)
+    from harombe.errors import ConfigError
+
+    try:
+        _quiet_logs(args.verbose)
+    except ConfigError as exc:
+        print(f"harombe: {exc}", file=sys.stderr)
+        return 2
     if args.command == "images":
         from harombe.images import main as images_main
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harombe.errors import ConfigError
 
@@ -31,7 +31,8 @@ CONFIG_PATH_ENV = "HAROMBE_CONFIG"
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN and infinity are never meaningful limits (NaN compares false with every cap).
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class Limits(_Strict):
@@ -40,11 +41,29 @@ class Limits(_Strict):
     max_memory_mb: int = Field(512, ge=32, description="RAM for user processes, summed")
     max_cpu_cores: float = Field(0.5, gt=0, le=64)
     max_disk_mb: int = Field(1024, ge=1, description="size of the /workspace tmpfs")
-    max_execution_time: float = Field(30, gt=0, description="cap on any call's timeout, seconds")
+    max_execution_time: float = Field(
+        30, gt=0, description="timeout of a call that names none, seconds"
+    )
+    max_timeout_s: float = Field(
+        600,
+        gt=0,
+        description="hard ceiling on a call's own timeout, seconds; longer ones are capped to "
+        "it with a warning (at least max_execution_time)",
+    )
     max_output_bytes: int = Field(1_048_576, ge=1, description="per stream, stdout and stderr")
     max_pids: int = Field(128, ge=8, description="processes and threads in one sandbox")
     max_file_bytes: int = Field(64 * 1_048_576, ge=1, description="largest file read or written")
     kill_grace_s: float = Field(2.0, ge=0, le=30, description="SIGTERM to SIGKILL on timeout")
+
+    @model_validator(mode="after")
+    def _ceiling_covers_default(self) -> Limits:
+        if self.max_timeout_s < self.max_execution_time:
+            raise ValueError(
+                f"max_timeout_s ({self.max_timeout_s:g}) is below max_execution_time "
+                f"({self.max_execution_time:g}); the ceiling on per-call timeouts must be at "
+                "least the default, so raise security.sandbox.limits.max_timeout_s"
+            )
+        return self
 
 
 def _empty_registries() -> dict[Literal["pypi", "npm"], list[str]]:
@@ -227,9 +246,17 @@ def load_config(
 
 
 def override(config: HarombeConfig, **limits: Any) -> HarombeConfig:
-    """A copy of ``config`` with non-None sandbox ``limits`` / ``runtime`` replaced."""
+    """A copy of ``config`` with non-None sandbox ``limits`` / ``runtime`` replaced.
+
+    A ``max_execution_time`` above the configured ``max_timeout_s`` lifts the ceiling to it
+    (a caller who makes 900 s the default means 900 s to be allowed), unless ``max_timeout_s``
+    is given too."""
     data = config.model_dump()
     sandbox = data["security"]["sandbox"]
+    default_s, ceiling_s = limits.get("max_execution_time"), limits.get("max_timeout_s")
+    if isinstance(default_s, int | float) and ceiling_s is None:
+        ceiling = sandbox["limits"]["max_timeout_s"]
+        limits["max_timeout_s"] = max(ceiling, default_s) if default_s == default_s else None
     for key, value in limits.items():
         if value is None:
             continue

@@ -9,6 +9,7 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
     HarombeError
      ├── ConfigError                   bad YAML, unknown key, bad value, bad environment override
      ├── UsageError                    misuse of the API: manager not started, unknown language
+     │    └── InvalidArgumentError     a tool argument of the wrong type, size or form
      ├── InfrastructureError           the machine is not ready or broke underneath us
      │    ├── DockerUnavailableError   daemon unreachable, or a Docker call failed
      │    ├── RuntimeNotAvailableError runsc (or the chosen runtime) is not registered with Docker
@@ -43,6 +44,10 @@ class ConfigError(HarombeError, ValueError):
 
 class UsageError(HarombeError):
     """The API was called in a way it does not support."""
+
+
+class InvalidArgumentError(UsageError, ValueError):
+    """A tool argument cannot be read unambiguously; the message names it and the fix."""
 
 
 class InfrastructureError(HarombeError):

@@ -1,14 +1,23 @@
 """The agent-facing code-execution tools of the usage guide.
 
-Every method returns a result dict and never raises for anything an agent can cause: policy
-refusals, unknown sandboxes, bad paths, failing code and lost sandboxes all come back as
-``success: False`` with an ``error`` that starts with the error's kind. Each call emits exactly
-one ``tool.called`` audit event (sizes and outcome, never code or file contents above debug).
+Every method returns a result dict and never raises for anything an agent can cause: invalid
+arguments, policy refusals, unknown sandboxes, bad paths, failing code and lost sandboxes all
+come back as ``success: False`` with an ``error`` that starts with the error's kind. Each call
+emits exactly one ``tool.called`` audit event (sizes and outcome; code and file contents only
+at debug level).
 
-With a :class:`~harombe.security.hitl.HITLGate`, every call is classified and decided *before*
-anything touches Docker; a call that is not approved returns ``success: False`` with an
-``ApprovalDeniedError`` naming the denial, the risk and the reasons, and every result carries the
-decision under ``approval``.
+Every call goes through the same three steps, in this order:
+
+1. its arguments are validated and normalised once, by the tool's model in
+   :mod:`harombe.tools.params`, and the sandbox it names is looked up; an argument that cannot
+   be read unambiguously, or an unknown sandbox, ends the call here, before anyone is asked and
+   before any sandbox is created;
+2. with a :class:`~harombe.security.hitl.HITLGate`, the call is classified and decided on those
+   normalised values (plus what the call will really do: the network of the sandbox it runs in,
+   the timeout it will get); a call that is not approved returns ``success: False`` with an
+   ``ApprovalDeniedError`` naming the denial, the risk and the reasons;
+3. the manager acts on exactly the values the gate saw. Every result carries the decision
+   under ``approval``.
 """
 
 from __future__ import annotations
@@ -16,21 +25,55 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from harombe.errors import HarombeError, UsageError
+from harombe.errors import HarombeError, InvalidArgumentError, UsageError
 from harombe.security.channel import OutputCallback
 from harombe.security.hitl import ApprovalDecision, HITLGate, Operation
+from harombe.security.netpolicy import Allowlist
+from harombe.security.paths import preview
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.security.streaming import OutputChunk, iterate
+from harombe.tools.params import (
+    TOOL_ARGS,
+    CodeExecuteArgs,
+    DestroySandboxArgs,
+    InstallPackageArgs,
+    ListFilesArgs,
+    ReadFileArgs,
+    WriteFileArgs,
+    parse_args,
+)
 
 log = structlog.get_logger(__name__)
+
+#: Raw argument values longer than this are not echoed into a failed call's result.
+ECHO_MAX_CHARS = 256
 
 
 def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
     return {"success": False, **fields, "error": f"{err.kind}: {err}"}
+
+
+def _echo(value: object) -> object:
+    """A raw argument as it may appear in a failed call's result: short text, else ``None``."""
+    if isinstance(value, str) and len(value) <= ECHO_MAX_CHARS:
+        return value
+    return None
+
+
+@dataclass
+class Plan:
+    """A validated call: what the gate is shown, what the result echoes, and the action."""
+
+    params: dict[str, Any]
+    fields: dict[str, Any]
+    run: Callable[[ApprovalDecision | None], Awaitable[dict[str, Any]]]
+    log_params: dict[str, Any] | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 class CodeExecutionTools:
@@ -46,42 +89,69 @@ class CodeExecutionTools:
         self.hitl_gate = hitl_gate
 
     async def _call(
-        self,
-        tool: str,
-        params: dict[str, Any],
-        body: Callable[[ApprovalDecision | None], Awaitable[dict[str, Any]]],
-        *,
-        fields: dict[str, Any],
-        log_params: dict[str, Any] | None = None,
+        self, tool: str, raw: dict[str, Any], plan: Callable[[Any], Plan]
     ) -> dict[str, Any]:
         started = time.perf_counter()
         decision = None
+        language: object = None
+        try:
+            args = parse_args(
+                TOOL_ARGS[tool], raw, max_bytes=self.sandbox_manager.limits.max_file_bytes
+            )
+            language = getattr(args, "language", None)
+            planned = plan(args)
+        except HarombeError as err:
+            # Nothing was asked, created or touched: the arguments are refused as given.
+            result = _failure(err, **{k: _echo(v) for k, v in raw.items() if k in _ECHOED})
+            self._audit(tool, result, None, started, language=_echo(raw.get("language")))
+            return result
         if self.hitl_gate is not None:
-            decision = await self.hitl_gate.check_approval(Operation(tool, params))
+            decision = await self.hitl_gate.check_approval(Operation(tool, planned.params))
         try:
             if decision is not None and not decision.approved:
                 raise decision.error()
-            result = await body(decision)
+            result = await planned.run(decision)
         except HarombeError as err:
-            result = _failure(err, **fields)
+            result = _failure(err, **planned.fields)
+        if planned.warnings and "warnings" in result:
+            result["warnings"] = planned.warnings + list(result["warnings"])
+        lost = result.get("replaced_sandbox_id")
+        if lost and self.hitl_gate is not None:
+            # A lost sandbox's "approve for this sandbox" grants die with it; the replacement
+            # starts with none.
+            self.hitl_gate.forget_sandbox(str(lost))
         if decision is not None:
             result["approval"] = decision.summary()
-        duration = time.perf_counter() - started
+        self._audit(tool, result, decision, started, language=language)
+        log.debug(
+            "tool.params",
+            tool=tool,
+            params=planned.params if planned.log_params is None else planned.log_params,
+        )
+        return result
+
+    def _audit(
+        self,
+        tool: str,
+        result: dict[str, Any],
+        decision: ApprovalDecision | None,
+        started: float,
+        *,
+        language: object,
+    ) -> None:
         log.info(
             "tool.called",
             tool=tool,
             sandbox_id=result.get("sandbox_id"),
-            language=params.get("language"),
+            language=language,
             success=result.get("success"),
             status=result.get("status"),
             approval=decision.status.value if decision is not None else None,
             exit_code=result.get("exit_code"),
             error_kind=(result.get("error") or "").split(":", 1)[0] or None,
-            duration_s=round(duration, 4),
+            duration_s=round(time.perf_counter() - started, 4),
             **{k: v for k, v in result.items() if k.endswith("_bytes")},
         )
-        log.debug("tool.params", tool=tool, params=params if log_params is None else log_params)
-        return result
 
     async def code_execute(
         self,
@@ -97,28 +167,50 @@ class CodeExecutionTools:
     ) -> dict[str, Any]:
         """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result.
 
-        Python and JavaScript keep state between calls on one sandbox (``result`` is the repr
-        of a final bare expression); ``fresh=True`` runs this call in a new process instead.
+        Parameters are :class:`~harombe.tools.params.CodeExecuteArgs`. Python and JavaScript
+        keep state between calls on one sandbox (``result`` is the repr of a final bare
+        expression); ``fresh=True`` runs this call in a new process instead. ``timeout`` may
+        exceed ``max_execution_time`` up to ``max_timeout_s``. On an existing sandbox, the
+        gate is shown the network that sandbox really has.
         """
-        params = {
+        raw = {
             "language": language,
             "code": code,
             "sandbox_id": sandbox_id,
             "timeout": timeout,
             "network_enabled": network_enabled,
-            "allowed_domains": list(allowed_domains or []),
+            "allowed_domains": allowed_domains,
             "fresh": fresh,
         }
+        return await self._call("code_execute", raw, lambda a: self._plan_execute(a, on_output))
 
-        async def body(decision: ApprovalDecision | None) -> dict[str, Any]:
-            manager = self.sandbox_manager
-            warnings: list[str] = []
-            sid = sandbox_id
+    def _plan_execute(self, args: CodeExecuteArgs, on_output: OutputCallback | None) -> Plan:
+        if on_output is not None and not callable(on_output):
+            raise InvalidArgumentError("on_output must be a callable taking an output chunk")
+        manager = self.sandbox_manager
+        timeout_s, warnings = manager.effective_timeout(args.timeout)
+        network, domains = args.network_enabled, list(args.allowed_domains)
+        if args.sandbox_id is not None:
+            box = manager.get(args.sandbox_id)
+            _check_network_matches(args, box.sandbox_id, box.network_enabled, box.allowed_domains)
+            # The sandbox's own network decides the risk, whatever this call repeats.
+            network, domains = box.network_enabled, list(box.allowed_domains)
+        params = {
+            "language": args.language,
+            "code": args.code,
+            "sandbox_id": args.sandbox_id,
+            "timeout": timeout_s,
+            "timeout_default_s": float(manager.limits.max_execution_time),
+            "network_enabled": network,
+            "allowed_domains": domains,
+            "fresh": args.fresh,
+        }
+
+        async def run(decision: ApprovalDecision | None) -> dict[str, Any]:
+            sid = args.sandbox_id
             if sid is None:
                 box = await manager.create_sandbox(
-                    language,  # type: ignore[arg-type]
-                    network_enabled=network_enabled,
-                    allowed_domains=allowed_domains or (),
+                    args.language, network_enabled=network, allowed_domains=domains
                 )
                 sid = box.sandbox_id
                 if decision is not None and self.hitl_gate is not None:
@@ -126,17 +218,15 @@ class CodeExecutionTools:
                     self.hitl_gate.remember(decision, sid)
             result = await manager.execute(
                 sid,
-                code,
-                language=language,  # type: ignore[arg-type]
-                timeout_s=timeout,
+                args.code,
+                language=args.language,
+                timeout_s=timeout_s,
                 on_output=on_output,
-                fresh=True if fresh else None,
+                fresh=True if args.fresh else None,
             )
-            out = result.to_dict()
-            out["warnings"] = warnings + out["warnings"]
-            return out
+            return result.to_dict()
 
-        return await self._call("code_execute", params, body, fields={"sandbox_id": sandbox_id})
+        return Plan(params, {"sandbox_id": args.sandbox_id}, run, warnings=warnings)
 
     async def code_execute_stream(
         self,
@@ -144,15 +234,25 @@ class CodeExecutionTools:
         code: str,
         sandbox_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the usage guide's parameter name
+        network_enabled: bool = False,
+        allowed_domains: Sequence[str] | None = None,
         *,
         fresh: bool = False,
     ) -> AsyncIterator[dict[str, Any]]:
-        """``code_execute`` as a stream: ``{"type": "stdout"|"stderr", "text": ...}`` items as
-        the code prints, then ``{"type": "result", **result}``. Breaking out cancels the run."""
+        """``code_execute`` as a stream, with the same parameters: ``{"type": "stdout"|
+        "stderr", "text": ...}`` items as the code prints, then ``{"type": "result",
+        **result}``. Breaking out cancels the run."""
 
         def start(on_output: OutputCallback) -> Awaitable[dict[str, Any]]:
             return self.code_execute(
-                language, code, sandbox_id, timeout, fresh=fresh, on_output=on_output
+                language,
+                code,
+                sandbox_id,
+                timeout,
+                network_enabled,
+                allowed_domains,
+                fresh=fresh,
+                on_output=on_output,
             )
 
         # aclosing: leaving this generator must cancel the run now, not when the inner
@@ -167,94 +267,167 @@ class CodeExecutionTools:
     async def code_install_package(
         self, sandbox_id: str, package: str, registry: str = "pypi"
     ) -> dict[str, Any]:
-        """Install ``package`` from ``registry`` (pypi or npm) into the sandbox."""
-        params = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
-        fields = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
+        """Install ``package`` from ``registry`` (pypi or npm) into the sandbox.
 
-        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
-            result = await self.sandbox_manager.install_package(sandbox_id, package, registry)
-            return {
-                "success": result.success,
-                **fields,
-                "sandbox_id": result.sandbox_id,
-                "stdout": result.stdout,
-                "stderr": result.stderr,
-                "error": result.error,
-                "warnings": result.warnings,
-            }
+        Parameters are :class:`~harombe.tools.params.InstallPackageArgs`."""
 
-        return await self._call("code_install_package", params, body, fields=fields)
+        def plan(args: InstallPackageArgs) -> Plan:
+            self.sandbox_manager.get(args.sandbox_id)
+            fields = {"sandbox_id": args.sandbox_id, "package": args.package,
+                      "registry": args.registry}  # fmt: skip
+
+            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
+                result = await self.sandbox_manager.install_package(
+                    args.sandbox_id, args.package, args.registry
+                )
+                out = {
+                    "success": result.success,
+                    **fields,
+                    "sandbox_id": result.sandbox_id,
+                    "stdout": result.stdout,
+                    "stderr": result.stderr,
+                    "error": result.error,
+                    "warnings": result.warnings,
+                }
+                if result.replaced_sandbox_id:
+                    out["replaced_sandbox_id"] = result.replaced_sandbox_id
+                return out
+
+            return Plan(dict(fields), fields, run)
+
+        raw = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
+        return await self._call("code_install_package", raw, plan)
 
     async def code_write_file(
         self, sandbox_id: str, file_path: str, content: str
     ) -> dict[str, Any]:
-        """Write ``content`` to ``/workspace/<file_path>``, creating parent directories."""
-        params = {"sandbox_id": sandbox_id, "file_path": file_path, "content": content}
-        fields = {"sandbox_id": sandbox_id, "file_path": file_path}
+        """Write ``content`` to ``/workspace/<file_path>``, creating parent directories.
 
-        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
-            written = await self.sandbox_manager.write_file(sandbox_id, file_path, content)
-            return {"success": True, **fields, "written_bytes": written, "error": None}
+        Parameters are :class:`~harombe.tools.params.WriteFileArgs`; ``file_path`` in the
+        result is the normalised path that was written."""
 
-        return await self._call(
-            "code_write_file",
-            params,
-            body,
-            fields=fields,
-            log_params={**fields, "content_chars": len(content)},
-        )
+        def plan(args: WriteFileArgs) -> Plan:
+            self.sandbox_manager.get(args.sandbox_id)
+            fields = {"sandbox_id": args.sandbox_id, "file_path": args.file_path}
+
+            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
+                written = await self.sandbox_manager.write_file(
+                    args.sandbox_id, args.file_path, args.content
+                )
+                return {"success": True, **fields, "written_bytes": written, "error": None}
+
+            params = {**fields, "content": args.content}
+            return Plan(params, fields, run, {**fields, "content_chars": len(args.content)})
+
+        raw = {"sandbox_id": sandbox_id, "file_path": file_path, "content": content}
+        return await self._call("code_write_file", raw, plan)
 
     async def code_read_file(self, sandbox_id: str, file_path: str) -> dict[str, Any]:
-        """The UTF-8 text of ``/workspace/<file_path>``."""
-        fields = {"sandbox_id": sandbox_id, "file_path": file_path}
+        """The UTF-8 text of ``/workspace/<file_path>``.
 
-        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
-            data = await self.sandbox_manager.read_file(sandbox_id, file_path)
-            try:
-                content = data.decode("utf-8")
-            except UnicodeDecodeError as exc:
+        Parameters are :class:`~harombe.tools.params.ReadFileArgs`."""
+
+        def plan(args: ReadFileArgs) -> Plan:
+            self.sandbox_manager.get(args.sandbox_id)
+            fields = {"sandbox_id": args.sandbox_id, "file_path": args.file_path}
+
+            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
+                data = await self.sandbox_manager.read_file(args.sandbox_id, args.file_path)
+                try:
+                    content = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    return {
+                        "success": False,
+                        **fields,
+                        "content": None,
+                        "read_bytes": len(data),
+                        "error": f"UnicodeDecodeError: {args.file_path} is not UTF-8 text "
+                        f"({exc.reason} at byte {exc.start}); read binary data by encoding it "
+                        "in code_execute",
+                    }
                 return {
-                    "success": False,
+                    "success": True,
                     **fields,
-                    "content": None,
+                    "content": content,
                     "read_bytes": len(data),
-                    "error": f"UnicodeDecodeError: {file_path} is not UTF-8 text ({exc.reason} "
-                    f"at byte {exc.start}); read binary data by encoding it in code_execute",
+                    "error": None,
                 }
-            return {
-                "success": True,
-                **fields,
-                "content": content,
-                "read_bytes": len(data),
-                "error": None,
-            }
 
-        return await self._call("code_read_file", dict(fields), body, fields=fields)
+            return Plan(dict(fields), fields, run)
+
+        raw = {"sandbox_id": sandbox_id, "file_path": file_path}
+        return await self._call("code_read_file", raw, plan)
 
     async def code_list_files(self, sandbox_id: str, path: str = ".") -> dict[str, Any]:
-        """Names in a workspace directory (``files``) and their details (``entries``)."""
-        fields = {"sandbox_id": sandbox_id, "path": path}
+        """Names in a workspace directory (``files``) and their details (``entries``).
 
-        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
-            entries = await self.sandbox_manager.list_files(sandbox_id, path)
-            return {
-                "success": True,
-                **fields,
-                "files": [e["name"] for e in entries],
-                "entries": entries,
-                "error": None,
-            }
+        Parameters are :class:`~harombe.tools.params.ListFilesArgs`."""
 
-        return await self._call("code_list_files", dict(fields), body, fields=fields)
+        def plan(args: ListFilesArgs) -> Plan:
+            self.sandbox_manager.get(args.sandbox_id)
+            fields = {"sandbox_id": args.sandbox_id, "path": args.path}
+
+            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
+                listing = await self.sandbox_manager.list_directory(args.sandbox_id, args.path)
+                entries = listing.entries
+                warnings = []
+                if listing.truncated:
+                    warnings.append(
+                        f"the directory holds {listing.total} entries; only the first "
+                        f"{len(entries)} by name are listed"
+                    )
+                return {
+                    "success": True,
+                    **fields,
+                    "files": [e["name"] for e in entries],
+                    "entries": entries,
+                    "total": listing.total,
+                    "truncated": listing.truncated,
+                    "warnings": warnings,
+                    "error": None,
+                }
+
+            return Plan(dict(fields), fields, run)
+
+        return await self._call("code_list_files", {"sandbox_id": sandbox_id, "path": path}, plan)
 
     async def code_destroy_sandbox(self, sandbox_id: str) -> dict[str, Any]:
-        """Destroy the sandbox and everything in it."""
-        fields = {"sandbox_id": sandbox_id}
+        """Destroy the sandbox and everything in it.
 
-        async def body(_: ApprovalDecision | None) -> dict[str, Any]:
-            await self.sandbox_manager.destroy_sandbox(sandbox_id)
-            if self.hitl_gate is not None:
-                self.hitl_gate.forget_sandbox(sandbox_id)
-            return {"success": True, **fields, "error": None}
+        Parameters are :class:`~harombe.tools.params.DestroySandboxArgs`."""
 
-        return await self._call("code_destroy_sandbox", dict(fields), body, fields=fields)
+        def plan(args: DestroySandboxArgs) -> Plan:
+            self.sandbox_manager.get(args.sandbox_id)
+            fields = {"sandbox_id": args.sandbox_id}
+
+            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
+                await self.sandbox_manager.destroy_sandbox(args.sandbox_id)
+                if self.hitl_gate is not None:
+                    self.hitl_gate.forget_sandbox(args.sandbox_id)
+                return {"success": True, **fields, "error": None}
+
+            return Plan(dict(fields), fields, run)
+
+        return await self._call("code_destroy_sandbox", {"sandbox_id": sandbox_id}, plan)
+
+
+#: Arguments a failed call's result repeats (when they are short text).
+_ECHOED = ("sandbox_id", "file_path", "path", "package", "registry")
+
+
+def _check_network_matches(
+    args: CodeExecuteArgs, sandbox_id: str, has_network: bool, domains: Sequence[str]
+) -> None:
+    """A call on an existing sandbox may repeat its network settings, never change them."""
+    if args.network_enabled and not has_network:
+        raise InvalidArgumentError(
+            f"network_enabled=True, but sandbox {sandbox_id} was created without network and "
+            "a sandbox keeps the network it was created with; leave out sandbox_id to create "
+            "a sandbox with network, or drop network_enabled"
+        )
+    if args.allowed_domains and Allowlist.parse(args.allowed_domains) != Allowlist.parse(domains):
+        raise InvalidArgumentError(
+            f"allowed_domains {preview(args.allowed_domains)} differ from sandbox {sandbox_id}'s "
+            f"{preview(list(domains))}; allowed_domains are set when a sandbox is created, so "
+            "repeat the same list or leave it out"
+        )

@@ -144,3 +144,28 @@ def test_data_processing_pipeline_runs_end_to_end() -> None:
         "Files created: ['data', 'results.txt']",
     ):
         assert line in out.stdout, out.stdout  # fmt: skip
+
+
+async def test_custom_limits_with_a_per_execution_override(docker_manager: DockerManager) -> None:
+    """The guide's Custom Limits (max_execution_time=60), then timeout=120 for one execution:
+    the call gets its 120 s, not the default."""
+    sandbox_manager = SandboxManager(
+        docker_manager=docker_manager,
+        runtime="runsc",
+        max_memory_mb=1024,  # 1GB RAM
+        max_cpu_cores=1.0,  # 1 full CPU core
+        max_disk_mb=2048,  # 2GB disk
+        max_execution_time=60,  # 60 seconds
+    )
+    await sandbox_manager.start()
+    tools = CodeExecutionTools(sandbox_manager=sandbox_manager)
+    try:
+        result = await tools.code_execute(
+            language="python",
+            code="# ... long-running task ...",
+            timeout=120,  # 2 minutes for this execution
+        )
+        assert result["success"], result
+        assert result["timeout_s"] == 120 and result["warnings"] == []
+    finally:
+        await sandbox_manager.stop()

@@ -119,3 +119,38 @@ def test_env_override_tree() -> None:
     assert env_overrides({"HAROMBE__A__B": "3", "HAROMBE__A__C": "[1, 2]"}) == {
         "a": {"b": 3, "c": [1, 2]}
     }
+
+
+def test_timeout_ceiling_defaults_to_600_seconds() -> None:
+    """max_timeout_s, the hard ceiling on per-call timeouts, is 600 s unless configured."""
+    limits = load_config(REPO / "config" / "harombe.yaml", environ={}).security.sandbox.limits
+    assert limits.max_timeout_s == 600 and limits.max_execution_time == 30
+
+
+@pytest.mark.parametrize(
+    ("limits", "needle"),
+    [
+        ({"max_execution_time": 60, "max_timeout_s": 30}, "max_timeout_s (30) is below"),
+        ({"max_execution_time": 700}, "max_timeout_s (600) is below max_execution_time (700)"),
+        ({"max_execution_time": float("nan")}, "max_execution_time"),
+        ({"max_execution_time": float("inf")}, "max_execution_time"),
+        ({"max_timeout_s": float("inf")}, "max_timeout_s"),
+        ({"max_timeout_s": 0}, "max_timeout_s"),
+    ],
+    ids=["ceiling-below-default", "default-above-ceiling", "nan", "inf", "inf-ceiling", "zero"],
+)
+def test_bad_timeouts_in_config_are_refused(limits: dict, needle: str) -> None:
+    """The ceiling must cover the default, and no limit may be NaN or infinite."""
+    with pytest.raises(ConfigError) as info:
+        parse_config({"security": {"sandbox": {"limits": limits}}})
+    assert needle in str(info.value)
+
+
+def test_constructor_default_above_the_ceiling_lifts_it() -> None:
+    """SandboxManager(max_execution_time=900) means 900 s is allowed: the ceiling follows."""
+    config = override(load_config(environ={}), max_execution_time=900)
+    assert config.security.sandbox.limits.max_timeout_s == 900
+    kept = override(load_config(environ={}), max_execution_time=60)
+    assert kept.security.sandbox.limits.max_timeout_s == 600
+    with pytest.raises(ConfigError, match="below"):
+        override(load_config(environ={}), max_execution_time=900, max_timeout_s=100)
