@@ -1,13 +1,16 @@
 """Workspace file operations, carried out by the supervisor inside the sandbox.
 
 No host directory is ever shared with a sandbox, so no symlink planted by sandboxed code can
-lead to the host. Paths are checked twice: lexically on the host
-(:func:`harombe.security.paths.workspace_relative`) and after symlink resolution inside the
-sandbox, which refuses anything that resolves outside ``/workspace``.
+lead to the host. Paths are checked twice: on the host (:func:`workspace_relative`, and the
+depth cap here), and inside the sandbox, where the supervisor walks them one component at a
+time from a descriptor of ``/workspace`` without ever letting the kernel follow a link, and
+refuses anything that would leave it (see ``supervisor_files.py``). Reads refuse anything but
+regular files and never block; writes replace the file atomically; listings are capped.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harombe.errors import UsageError, WorkspacePathError
@@ -17,10 +20,35 @@ if TYPE_CHECKING:
     from harombe.security.sandbox import Sandbox
 
 FILE_TIMEOUT_S = 120.0
+#: Deepest path accepted, in directories (the supervisor also counts those symlinks add).
+MAX_PATH_DEPTH = 128
+#: Entries a listing returns at most: the first by name; ``total`` still counts them all.
+MAX_LIST_ENTRIES = 10_000
 
 
 class FileError(UsageError):
     """A file operation failed inside the sandbox (missing file, not a directory…)."""
+
+
+@dataclass(frozen=True)
+class DirListing:
+    """A directory's entries (``name``, ``type``, ``size``; ``target`` for symlinks), sorted by
+    name; ``truncated`` when more exist than were returned, ``total`` the count of all."""
+
+    entries: list[dict[str, Any]]
+    total: int
+    truncated: bool
+
+
+def checked_relative(path: str, *, allow_root: bool = False) -> str:
+    """:func:`workspace_relative`, and no deeper than :data:`MAX_PATH_DEPTH`."""
+    rel = workspace_relative(path, allow_root=allow_root)
+    depth = rel.count("/") + 1
+    if depth > MAX_PATH_DEPTH:
+        raise WorkspacePathError(
+            f"path is {depth} directories deep, over {MAX_PATH_DEPTH}; use a shallower path"
+        )
+    return rel
 
 
 class FileOps:
@@ -43,8 +71,11 @@ class FileOps:
         raise FileError(f"{kind}: {text}")
 
     async def write_file(self, sandbox_id: str, file_path: str, content: str | bytes) -> int:
-        """Write ``content`` (str as UTF-8) to ``/workspace/<file_path>``; bytes written."""
-        rel = workspace_relative(file_path)
+        """Write ``content`` (str as UTF-8) to ``/workspace/<file_path>``; bytes written.
+
+        The file is replaced atomically (a reader sees the old or the new content, never part),
+        keeping the mode of the file it replaces; missing directories are created."""
+        rel = checked_relative(file_path)
         data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
         if len(data) > self.limits.max_file_bytes:
             raise UsageError(
@@ -57,8 +88,9 @@ class FileOps:
         return int(reply["bytes"])
 
     async def read_file(self, sandbox_id: str, file_path: str) -> bytes:
-        """The bytes of ``/workspace/<file_path>`` (at most ``max_file_bytes``)."""
-        rel = workspace_relative(file_path)
+        """The bytes of regular file ``/workspace/<file_path>`` (at most ``max_file_bytes``;
+        a larger file, a directory, FIFO, socket or device is a :class:`FileError`)."""
+        rel = checked_relative(file_path)
         box = self.get(sandbox_id)
         async with box.lock:
             msg = {
@@ -70,13 +102,22 @@ class FileOps:
             _, data = await self._file_request(box, msg)
         return data
 
-    async def list_files(self, sandbox_id: str, path: str = ".") -> list[dict[str, Any]]:
-        """Entries of a workspace directory: ``{"name", "type", "size"}``, sorted by name."""
-        rel = workspace_relative(path, allow_root=True)
+    async def list_directory(self, sandbox_id: str, path: str = ".") -> DirListing:
+        """The first :data:`MAX_LIST_ENTRIES` entries of a workspace directory by name, with
+        the count of all; symlinks are reported with their target, never followed."""
+        rel = checked_relative(path, allow_root=True)
         box = self.get(sandbox_id)
         async with box.lock:
-            reply, _ = await self._file_request(box, {"op": "list", "root": WORKSPACE, "path": rel})
-        return list(reply["entries"])
+            msg = {"op": "list", "root": WORKSPACE, "path": rel, "max_entries": MAX_LIST_ENTRIES}
+            reply, _ = await self._file_request(box, msg)
+        entries = list(reply.get("entries", ()))[:MAX_LIST_ENTRIES]
+        total = max(int(reply.get("total", len(entries))), len(entries))
+        truncated = bool(reply.get("truncated")) or total > len(entries)
+        return DirListing(entries=entries, total=total, truncated=truncated)
+
+    async def list_files(self, sandbox_id: str, path: str = ".") -> list[dict[str, Any]]:
+        """Entries of a workspace directory, sorted by name (see :meth:`list_directory`)."""
+        return (await self.list_directory(sandbox_id, path)).entries
 
     async def _untar(self, box: Sandbox, archive: bytes, *, root: str) -> None:
         """Unpack a host-made tar.gz below ``root`` inside the sandbox (caller holds the lock)."""

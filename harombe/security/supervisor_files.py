@@ -1,12 +1,63 @@
 """Workspace file operations for the in-sandbox supervisor (standard library only).
 
-Part of the supervisor's source (see ``supervisor_sessions.py``); ``Refused`` comes from
-``supervisor.py``. Every path is resolved inside the sandbox, symlinks followed, and refused if
-it ends outside its root; the supervisor runs these with the sandbox user's effective uid.
+Part of the supervisor's source (see ``supervisor.py``), which runs these with the sandbox
+user's effective uid and gid; the supervisor keeps no supplementary groups (Docker gives root
+group 0), so the kernel checks exactly the user's permissions.
+
+No path is ever resolved by the kernel. :class:`Walk` holds a descriptor of the root
+(``/workspace``) and opens one component at a time relative to its parent's descriptor with
+``O_PATH | O_NOFOLLOW``, so a symlink is opened as itself and seen, and nothing blocks or needs
+read permission. A symlink anywhere in the path is refused, naming its target: what the gate
+judged (the path as given) is exactly the file touched, and ``..`` above the root is refused.
+A process that swaps links or renames directories during an operation can only change which
+entry *inside the root* it reaches: every descriptor held is inside the root. (``O_DIRECTORY``
+is never combined with ``O_NOFOLLOW``: gVisor release 20221219 follows a final symlink for that
+pair.) Walks are iterative and capped in depth and length.
+
+Reads open the final name with ``O_NOFOLLOW | O_NONBLOCK`` and check ``fstat`` before reading:
+FIFOs, sockets, devices and directories are refused and no open or read can block. Writes are
+atomic: the bytes go to a new temporary file in the target's directory, which is then renamed
+over the name, so a reader sees the old file or the new one, never half of one, and an existing
+file (a hard link included) is replaced, never written through; the mode of a replaced file is
+kept. No fsync: the workspace is a tmpfs. Listings are sorted by name and capped in entries and
+reply bytes, and say when they were cut. Every exception inside an operation becomes an error
+reply (:func:`guarded`); none reaches the supervisor's loop.
 """
 
+import errno
 import os
 import stat
+import sys
+
+#: Components a path may have (the host checks it too).
+MAX_PATH_DEPTH = 128
+MAX_PATH_CHARS = 4096
+MAX_NAME_BYTES = 255
+MAX_SYMLINKS = 40  # entries found swapped back from a symlink during one walk
+#: A listing returns at most this many entries (the first by name) and counts the rest...
+MAX_LIST_ENTRIES = 10000
+#: ...up to this many: past it the count is a lower bound (``total_exact`` is false).
+MAX_LIST_SCAN = 1000000
+#: Bound on a listing reply's JSON, well under the host's frame cap.
+MAX_LIST_REPLY_BYTES = 4 << 20
+MAX_LINK_TARGET_CHARS = 1024
+MAX_SHOWN_CHARS = 120
+READ_CHUNK_BYTES = 1 << 20
+#: Opens a component as itself: a symlink is not followed, a FIFO cannot block, no permission
+#: on the entry itself is needed (search permission on its parent is).
+WALK_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+TEMP_PREFIX = ".harombe-write-"
+KINDS = (
+    (stat.S_ISREG, "file"),
+    (stat.S_ISDIR, "dir"),
+    (stat.S_ISLNK, "symlink"),
+    (stat.S_ISFIFO, "fifo"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "char_device"),
+    (stat.S_ISBLK, "block_device"),
+)
 
 
 class Refused(Exception):
@@ -17,62 +68,356 @@ class Refused(Exception):
         self.kind = kind
 
 
-def resolve(root, rel):
-    """Absolute path of ``rel`` under ``root`` after following symlinks; refuse escapes."""
-    if "\x00" in rel or os.path.isabs(rel):
-        raise Refused("WorkspacePathError", "path %r must be relative to %s" % (rel, root))
-    full = os.path.realpath(os.path.join(root, rel))
-    if full != root and not full.startswith(root + "/"):
+def drop_supplementary_groups():
+    """Leave this process with no supplementary groups, so that file operations, which switch
+    only the effective uid and gid, carry none of root's (Docker starts PID 1 with group 0)."""
+    if os.getuid() == 0 and os.getgroups():
+        try:
+            os.setgroups([])
+        except OSError as exc:  # pragma: no cover - the container always grants CAP_SETGID
+            sys.stderr.write("harombe-supervisor: setgroups failed: %r\n" % (exc,))
+
+
+if __name__ == "__main__":  # only as the supervisor's source, never when imported on the host
+    drop_supplementary_groups()
+
+
+def shown(path):
+    """``repr(path)``, cut short: error messages stay small whatever the path."""
+    text = repr(path)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + "..."
+
+
+def kind_of(mode):
+    for test, kind in KINDS:
+        if test(mode):
+            return kind
+    return "other"
+
+
+def components(rel):
+    """The names of relative path ``rel``, checked: no NUL, not absolute, length, depth."""
+    if type(rel) is not str:
+        raise Refused("WorkspacePathError", "path must be a string")
+    if len(rel) > MAX_PATH_CHARS:
         raise Refused(
             "WorkspacePathError",
-            "path %r resolves outside %s (through '..' or a symlink); refused" % (rel, root),
+            "path is %d characters, over %d; use a shorter path" % (len(rel), MAX_PATH_CHARS),
         )
-    return full
+    if "\x00" in rel:
+        raise Refused("WorkspacePathError", "path %s contains a NUL byte" % shown(rel))
+    if rel.startswith("/"):
+        raise Refused("WorkspacePathError", "path %s must be relative" % shown(rel))
+    parts = [p for p in rel.split("/") if p and p != "."]
+    if len(parts) > MAX_PATH_DEPTH:
+        raise Refused(
+            "WorkspacePathError",
+            "path %s is %d directories deep, over %d; use a shallower path"
+            % (shown(rel), len(parts), MAX_PATH_DEPTH),
+        )
+    for part in parts:
+        try:
+            size = len(part.encode("utf-8", "surrogateescape"))
+        except UnicodeEncodeError:
+            raise Refused(
+                "WorkspacePathError", "path %s is not valid text (lone surrogate)" % shown(rel)
+            ) from None
+        if size > MAX_NAME_BYTES:
+            raise Refused(
+                "WorkspacePathError",
+                "name %s is %d bytes; a file name has at most %d bytes"
+                % (shown(part), size, MAX_NAME_BYTES),
+            )
+    return parts
 
 
-def op_write(msg, blob):
-    full = resolve(msg["root"], msg["path"])
-    parent = os.path.dirname(full)
-    os.makedirs(parent, exist_ok=True)
-    if os.path.realpath(parent) != parent:  # a symlink was planted while we created dirs
-        raise Refused("WorkspacePathError", "path %r changed while writing" % msg["path"])
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(full, flags, int(msg.get("mode", 0o644)))
-    with os.fdopen(fd, "wb") as f:
-        f.write(blob)
-    return {"bytes": len(blob)}, b""
+class Walk:
+    """Descriptors of the directories from ``root`` down to the current one, held while an
+    operation runs (closed on exit); ``pending`` holds the names still to walk, last first."""
+
+    def __init__(self, root, rel):
+        self.root = root
+        self.rel = rel
+        self.pending = components(rel)[::-1]
+        self.links = 0
+        fd = os.open(root, WALK_FLAGS)
+        self.fds = [fd]
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            self.close()
+            raise Refused("WorkspacePathError", "%s is not a directory" % root)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        while self.fds:
+            os.close(self.fds.pop())
+
+    @property
+    def dir_fd(self):
+        return self.fds[-1]
+
+    def last(self, create=False):
+        """Walk every pending name but the last (creating missing directories if asked) and
+        return the last; None when the path ends at a directory already held (``dir_fd``)."""
+        while self.pending:
+            name = self.pending.pop()
+            if name == "..":
+                self.up()
+            elif not self.pending:
+                return name
+            else:
+                self.enter(name, create)
+        return None
+
+    def up(self):
+        if len(self.fds) == 1:
+            raise Refused(
+                "WorkspacePathError",
+                "path %s leads above %s (through '..' or a symlink); refused"
+                % (shown(self.rel), self.root),
+            )
+        os.close(self.fds.pop())
+
+    def enter(self, name, create=False):
+        """Step into directory ``name`` of the current one; a symlink there is resolved."""
+        try:
+            fd = os.open(name, WALK_FLAGS, dir_fd=self.dir_fd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(name, 0o755, dir_fd=self.dir_fd)
+            except FileExistsError:  # made meanwhile: opened and checked like any other
+                pass
+            fd = os.open(name, WALK_FLAGS, dir_fd=self.dir_fd)
+        try:
+            mode = os.fstat(fd).st_mode
+        except BaseException:
+            os.close(fd)
+            raise
+        if stat.S_ISDIR(mode):
+            self.fds.append(fd)
+            self.check_depth()
+            return
+        os.close(fd)
+        if stat.S_ISLNK(mode):
+            self.follow(name)
+            return
+        raise NotADirectoryError(errno.ENOTDIR, "%s is not a directory" % shown(name))
+
+    def follow(self, name):
+        """Refuse symlink ``name`` (in the current directory): file operations never follow
+        links, so the path the gate judged is the file touched. One swapped back to a plain
+        entry meanwhile is looked at again."""
+        self.links += 1
+        try:
+            target = os.readlink(name, dir_fd=self.dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and self.links <= MAX_SYMLINKS:
+                self.pending.append(name)  # no longer a symlink: look again
+                return
+            raise
+        raise Refused(
+            "WorkspacePathError",
+            "%s in %s is a symbolic link (to %s); file operations do not follow links, so "
+            "that the path approved is the file touched: use the path of its target"
+            % (shown(name), shown(self.rel), shown(target)),
+        )
+
+    def check_depth(self):
+        if len(self.fds) + len(self.pending) > MAX_PATH_DEPTH + 1:
+            raise Refused(
+                "WorkspacePathError",
+                "path %s is more than %d directories deep (symlinks included); use a shallower "
+                "path" % (shown(self.rel), MAX_PATH_DEPTH),
+            )
+
+
+def not_regular(path, mode, verb):
+    if stat.S_ISDIR(mode):
+        return Refused(
+            "IsADirectoryError", "%s is a directory; list it, or name a file in it" % shown(path)
+        )
+    return Refused(
+        "NotARegularFileError",
+        "%s is a %s; only regular files can be %s" % (shown(path), kind_of(mode), verb),
+    )
 
 
 def op_read(msg, _blob):
-    full = resolve(msg["root"], msg["path"])
-    fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if stat.S_ISDIR(st.st_mode):
-            raise Refused("IsADirectoryError", "%r is a directory; use list" % msg["path"])
-        limit = int(msg["max_bytes"])
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise Refused("FileTooLargeError", "%r is larger than %d bytes" % (msg["path"], limit))
+    """The bytes of a regular file, at most ``max_bytes``; never blocks."""
+    path, limit = msg["path"], int(msg["max_bytes"])
+    with Walk(msg["root"], path) as walk:
+        while True:
+            name = walk.last()
+            if name is None:
+                raise not_regular(path, stat.S_IFDIR, "read")
+            try:
+                fd = os.open(name, READ_FLAGS, dir_fd=walk.dir_fd)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    walk.follow(name)
+                    continue
+                if exc.errno == errno.ENXIO:  # a socket, or a device with nothing behind it
+                    raise not_regular(path, stat.S_IFSOCK, "read") from None
+                raise
+            break
+    try:
+        data = read_regular(fd, path, limit)
+    finally:
+        os.close(fd)
     return {"bytes": len(data)}, data
 
 
+def read_regular(fd, path, limit):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        raise not_regular(path, st.st_mode, "read")
+    if st.st_size > limit:
+        raise too_large(path, st.st_size, limit)
+    chunks, got, want = [], 0, st.st_size + 1
+    while True:
+        chunk = os.read(fd, want)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+        if got > limit:  # it grew since fstat
+            raise too_large(path, None, limit)
+        if len(chunk) < want and got >= st.st_size:  # a short read past the size: the end
+            break
+        want = min(READ_CHUNK_BYTES, limit + 1 - got)
+    return b"".join(chunks)
+
+
+def too_large(path, size, limit):
+    return Refused(
+        "FileTooLargeError",
+        "%s is %s bytes, over max_file_bytes (%d); read it in parts from code "
+        "(e.g. `head -c`, `split`, or seek and read in Python), or raise max_file_bytes"
+        % (shown(path), "more than %d" % limit if size is None else size, limit),
+    )
+
+
+def op_write(msg, blob):
+    """Replace (or create) a regular file atomically, creating missing directories."""
+    path = msg["path"]
+    with Walk(msg["root"], path) as walk:
+        while True:
+            name = walk.last(create=True)
+            if name is None:
+                raise not_regular(path, stat.S_IFDIR, "written")
+            try:
+                st = os.stat(name, dir_fd=walk.dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                walk.follow(name)
+                continue
+            break
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise not_regular(path, st.st_mode, "written (remove it first)")
+        mode = stat.S_IMODE(st.st_mode) & 0o777 if st else int(msg.get("mode", 0o644)) & 0o777
+        replace(walk.dir_fd, name, blob, mode)
+    return {"bytes": len(blob)}, b""
+
+
+def replace(dir_fd, name, blob, mode):
+    """Write ``blob`` to a new file beside ``name`` and rename it over ``name``: the directory
+    entry is replaced, never an existing inode written through (a hard link, say)."""
+    temp = TEMP_PREFIX + os.urandom(8).hex()
+    fd = os.open(temp, TEMP_FLAGS, 0o600, dir_fd=dir_fd)
+    try:
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(temp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+
+
 def op_list(msg, _blob):
-    full = resolve(msg["root"], msg["path"])
-    entries = []
-    with os.scandir(full) as it:
+    """The first ``max_entries`` entries of a directory by name, with the total count."""
+    cap = max(0, min(int(msg.get("max_entries", MAX_LIST_ENTRIES)), MAX_LIST_ENTRIES))
+    with Walk(msg["root"], msg["path"]) as walk:
+        while True:
+            name = walk.last()
+            if name is None:
+                break
+            walk.enter(name)  # a directory, or a symlink whose target is queued
+        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=walk.dir_fd)
+    try:
+        return listing(fd, cap), b""
+    finally:
+        os.close(fd)
+
+
+def listing(fd, cap):
+    kept, total, exact = [], 0, True
+    with os.scandir(fd) as it:
         for entry in it:
-            st = entry.stat(follow_symlinks=False)
-            kind = (
-                "dir"
-                if stat.S_ISDIR(st.st_mode)
-                else "symlink"
-                if stat.S_ISLNK(st.st_mode)
-                else "file"
-            )
-            entries.append({"name": entry.name, "type": kind, "size": st.st_size})
-    entries.sort(key=lambda e: e["name"])
-    return {"entries": entries}, b""
+            if total == MAX_LIST_SCAN:
+                exact = False
+                break
+            total += 1
+            kept.append(entry.name)
+            if len(kept) >= 2 * cap + 1:  # keep the first ``cap`` by name in bounded memory
+                kept.sort()
+                del kept[cap:]
+    kept.sort()
+    del kept[cap:]
+    entries, budget = [], MAX_LIST_REPLY_BYTES
+    for name in kept:
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:  # removed since the scan
+            continue
+        entry = {"name": name, "type": kind_of(st.st_mode), "size": st.st_size}
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                target = os.readlink(name, dir_fd=fd)
+            except OSError:
+                target = ""
+            if len(target) > MAX_LINK_TARGET_CHARS:
+                target = target[:MAX_LINK_TARGET_CHARS]
+                entry["target_truncated"] = True
+            entry["target"] = printable(target, entry, "target_undecodable")
+        entry["name"] = printable(name, entry, "name_undecodable")
+        budget -= json_bytes(entry["name"]) + json_bytes(entry.get("target", "")) + 96
+        if budget < 0:
+            break
+        entries.append(entry)
+    truncated = len(entries) < total or not exact
+    return {"entries": entries, "total": total, "truncated": truncated, "total_exact": exact}
+
+
+def printable(text, entry, flag):
+    """``text`` as valid Unicode: undecodable bytes of a name are shown as ``\\xNN``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        entry[flag] = True
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def json_bytes(text):
+    """An upper bound on ``text``'s length as ASCII JSON."""
+    if text.isascii() and text.isprintable():
+        return len(text) + text.count('"') + text.count("\\") + 2
+    return 12 * len(text) + 2  # a character outside the BMP is two \\uXXXX escapes
 
 
 def op_untar(msg, blob):
@@ -105,4 +450,30 @@ def _untar(tar, root):
     return {"members": len(members)}, b""
 
 
-FILE_OPS = {"write": op_write, "read": op_read, "list": op_list, "untar": op_untar}
+def guarded(fn):
+    """``fn`` with every exception turned into :class:`Refused`, so that whatever a request or
+    the sandbox's files do, the supervisor answers with an error and keeps serving."""
+
+    def op(msg, blob):
+        try:
+            return fn(msg, blob)
+        except Refused:
+            raise
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            where = shown(msg.get("path", msg.get("root")))
+            raise Refused(type(exc).__name__, "%s: %s" % (where, reason)) from None
+        except KeyError as exc:
+            raise Refused("BadRequest", "request lacks %s" % exc) from None
+        except Exception as exc:
+            raise Refused(type(exc).__name__, str(exc)[:500]) from None
+
+    return op
+
+
+FILE_OPS = {
+    "write": guarded(op_write),
+    "read": guarded(op_read),
+    "list": guarded(op_list),
+    "untar": guarded(op_untar),
+}

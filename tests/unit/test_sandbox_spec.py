@@ -154,8 +154,8 @@ def test_owner_of_a_dead_process_is_gone() -> None:
             RuntimeNotAvailableError,
             "daemon.json",
         ),
-        (requests.exceptions.ConnectionError("refused"), DockerUnavailableError, "start it"),
-        (FileNotFoundError("/var/run/docker.sock"), DockerUnavailableError, "start it"),
+        (requests.exceptions.ConnectionError("refused"), DockerUnavailableError, "setup.sh"),
+        (FileNotFoundError("/var/run/docker.sock"), DockerUnavailableError, "DOCKER_HOST"),
         (docker.errors.DockerException("boom"), DockerUnavailableError, "failed"),
     ],
     ids=["image", "container-gone", "runtime", "connection", "no-socket", "other"],
@@ -173,17 +173,20 @@ def test_unknown_errors_are_not_swallowed() -> None:
         translate(ZeroDivisionError())
 
 
-def test_supervisor_resolve_refuses_symlink_escapes(tmp_path: Path) -> None:
-    """The in-sandbox check follows symlinks and refuses targets outside the root."""
+def test_supervisor_walk_refuses_symlinks_and_escapes(tmp_path: Path) -> None:
+    """The in-sandbox walk reads plain paths and refuses symlinks (inside or out) and escapes
+    (more in tests/unit/test_files.py)."""
     root = tmp_path / "ws"
     (root / "inner").mkdir(parents=True)
+    (root / "inner" / "x").write_text("x")
     (root / "out").symlink_to("/etc")
     (root / "in").symlink_to(root / "inner")
     (root / "rel").symlink_to("../")
-    assert supervisor_files.resolve(str(root), "in/x") == str(root / "inner" / "x")
-    for bad in ("out/passwd", "rel/x", "/etc/passwd", "a\x00"):
+    read = supervisor_files.FILE_OPS["read"]
+    assert read({"root": str(root), "path": "inner/x", "max_bytes": 9}, b"")[1] == b"x"
+    for bad in ("in/x", "out/passwd", "rel/x", "/etc/passwd", "a\x00"):
         with pytest.raises(supervisor_files.Refused):
-            supervisor_files.resolve(str(root), bad)
+            read({"root": str(root), "path": bad, "max_bytes": 9}, b"")
 
 
 def test_debian_mirror_comes_from_apt_sources(tmp_path: Path) -> None:
