@@ -15,7 +15,7 @@ import contextlib
 import functools
 import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -41,15 +41,21 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
-FIX_DAEMON = "start it (scripts/setup.sh does, or `sudo systemctl start docker`)"
+FIX_DAEMON = (
+    "start dockerd (scripts/setup.sh does, or `sudo systemctl start docker`), or point "
+    "DOCKER_HOST at the daemon's socket"
+)
+#: How long start() waits for the daemon to accept a connection and answer ``/_ping``.
+PING_TIMEOUT_S = 5.0
 _MUX = struct.Struct(">BxxxI")
 
 
-def translate(exc: BaseException, *, what: str = "") -> HarombeError:
+def translate(exc: BaseException, *, what: str = "", socket: str = "") -> HarombeError:
     """Map a Docker SDK / socket error to the harombe error that says how to fix it."""
     if isinstance(exc, HarombeError):
         return exc
     about = f" while {what}" if what else ""
+    at = f" at {socket}" if socket else ""
     text = str(exc)
     if isinstance(exc, docker.errors.ImageNotFound) or (
         isinstance(exc, docker.errors.NotFound) and "image" in text.lower()
@@ -67,23 +73,55 @@ def translate(exc: BaseException, *, what: str = "") -> HarombeError:
         )
     if isinstance(exc, requests.exceptions.ConnectionError | ConnectionError | FileNotFoundError):
         return DockerUnavailableError(
-            f"cannot reach the Docker daemon{about}: {text}; {FIX_DAEMON}"
+            f"cannot reach the Docker daemon{at}{about}: {text}; {FIX_DAEMON}"
+        )
+    if isinstance(exc, requests.exceptions.Timeout):
+        return DockerUnavailableError(
+            f"the Docker daemon{at} did not answer in time{about}: {text}; it may be hung or "
+            f"overloaded: {FIX_DAEMON}"
         )
     if isinstance(exc, docker.errors.DockerException | requests.exceptions.RequestException):
         return DockerUnavailableError(f"Docker call failed{about}: {text}")
     if isinstance(exc, OSError | EOFError):
-        return DockerUnavailableError(f"Docker socket error{about}: {exc!r}; {FIX_DAEMON}")
+        return DockerUnavailableError(f"Docker socket error{at}{about}: {exc!r}; {FIX_DAEMON}")
     raise exc
 
 
 @contextlib.contextmanager
-def _translated(what: str) -> Iterator[None]:
+def _translated(what: str, socket: str = "") -> Iterator[None]:
     try:
         yield
     except HarombeError:
         raise
     except Exception as exc:
-        raise translate(exc, what=what) from exc
+        raise translate(exc, what=what, socket=socket) from exc
+
+
+async def settle(work: Awaitable[T], *, undo: Callable[[T], Awaitable[object]] | None = None) -> T:
+    """Await ``work`` to its end even if the caller is cancelled meanwhile, then re-raise the
+    cancellation — after ``undo(result)`` has removed what the work made, when given. For
+    clean-up that must not be cut short, and for steps that create something only they know.
+    """
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():  # the work itself was cancelled, not only the caller
+                raise
+            cancelled = True
+            continue
+        except BaseException:
+            if cancelled:
+                raise asyncio.CancelledError from None
+            raise
+        if cancelled:
+            if undo is not None:
+                with contextlib.suppress(Exception):
+                    await settle(undo(result))
+            raise asyncio.CancelledError
+        return result
 
 
 @dataclass(frozen=True)
@@ -156,10 +194,16 @@ class DockerManager:
         return url.path
 
     async def start(self) -> None:
-        """Connect to the daemon and check that it answers."""
+        """Connect to the daemon and check that it answers (within ``PING_TIMEOUT_S``).
+
+        The health check is a raw ``GET /_ping`` on the socket with a short limit, so a missing
+        socket, a refused one and one that accepts but never answers each fail in seconds
+        with an error naming the socket and the fix, rather than after the SDK's long timeout.
+        """
         if self._client is not None:
             return
         path = self.socket_path
+        await ping(path, timeout_s=PING_TIMEOUT_S)
         self._pool = ThreadPoolExecutor(self._max_workers, thread_name_prefix="harombe-docker")
         try:
             self._client = await self._in_thread(
@@ -168,7 +212,6 @@ class DockerManager:
                 ),
                 what="connecting",
             )
-            await self._call(lambda c: c.ping(), what="pinging the daemon")
         except HarombeError:
             await self.stop()
             raise
@@ -182,22 +225,53 @@ class DockerManager:
         if pool is not None:
             pool.shutdown(wait=False)
 
-    async def _in_thread(self, fn: Callable[[], T], *, what: str) -> T:
-        if self._pool is None:
+    async def _in_thread(
+        self,
+        fn: Callable[[], T],
+        *,
+        what: str,
+        undo: Callable[[T], Awaitable[None]] | None = None,
+        always: bool = False,
+    ) -> T:
+        """Run ``fn`` in the pool. A cancelled caller does not abandon a Docker call that has
+        begun: the cancellation propagates once the call has returned, and what it created is
+        removed first by ``undo``. With ``always``, a call not yet begun runs too (removals)."""
+        pool = self._pool
+        if pool is None:
             raise UsageError("Docker manager not started: await docker_manager.start() first")
-        loop = asyncio.get_running_loop()
+        path = self._base_url
 
         def guarded() -> T:
-            with _translated(what):
+            with _translated(what, path):
                 return fn()
 
-        return await loop.run_in_executor(self._pool, guarded)
+        job = pool.submit(guarded)
+        future = asyncio.wrap_future(job)
+        try:
+            return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            if not always and job.cancel():
+                raise  # never began: nothing to wait for or undo
+            done = await _outlast(future)
+            if undo is not None and done is not None:
+                with contextlib.suppress(Exception):
+                    await settle(undo(done[0]))
+            raise
 
-    async def _call(self, fn: Callable[[docker.DockerClient], T], *, what: str) -> T:
+    async def _call(
+        self,
+        fn: Callable[[docker.DockerClient], T],
+        *,
+        what: str,
+        undo: Callable[[T], Awaitable[None]] | None = None,
+        always: bool = False,
+    ) -> T:
         client = self._client
         if client is None:
             raise UsageError("Docker manager not started: await docker_manager.start() first")
-        return await self._in_thread(functools.partial(fn, client), what=what)
+        return await self._in_thread(
+            functools.partial(fn, client), what=what, undo=undo, always=always
+        )
 
     async def runtimes(self) -> dict[str, Any]:
         """The OCI runtimes registered with the daemon, by name."""
@@ -211,10 +285,11 @@ class DockerManager:
 
     async def create_container(self, **spec: Any) -> str:
         """Create (not start) a container from keyword ``spec`` (Docker SDK names); its id."""
-        container = await self._call(
-            lambda c: c.containers.create(**spec), what=f"creating container {spec.get('name')}"
+        return await self._call(
+            lambda c: str(c.containers.create(**spec).id),
+            what=f"creating container {spec.get('name')}",
+            undo=self.remove_container,
         )
-        return str(container.id)
 
     async def create_network(self, name: str, *, labels: dict[str, str]) -> tuple[str, str]:
         """Create an ``--internal`` bridge network (no route out); its id and gateway address."""
@@ -225,7 +300,9 @@ class DockerManager:
             config = (network.attrs.get("IPAM") or {}).get("Config") or [{}]
             return str(network.id), str(config[0].get("Gateway") or "")
 
-        return await self._call(create, what=f"creating network {name}")
+        return await self._call(
+            create, what=f"creating network {name}", undo=lambda made: self.remove_network(made[0])
+        )
 
     async def network_bridge(self, network_id: str) -> str:
         """The host interface name of a bridge network (``br-<id12>`` unless named)."""
@@ -249,7 +326,7 @@ class DockerManager:
             with contextlib.suppress(docker.errors.NotFound):
                 c.api.remove_network(network_id)
 
-        await self._call(remove, what=f"removing network {network_id[:12]}")
+        await self._call(remove, what=f"removing network {network_id[:12]}", always=True)
 
     async def start_container(self, container_id: str) -> None:
         await self._call(
@@ -257,10 +334,17 @@ class DockerManager:
         )
 
     async def remove_container(self, container_id: str) -> None:
-        """Kill and remove; a container that is already gone is not an error."""
+        """Kill and remove; a container that is already gone is not an error.
+
+        A paused container is unpaused first: runsc cannot kill a paused sandbox, and Docker
+        would report it removed while its sandbox lived on. Runs to its end even if the
+        caller is cancelled."""
 
         def remove(c: docker.DockerClient) -> None:
             try:
+                with contextlib.suppress(docker.errors.NotFound):
+                    if (c.api.inspect_container(container_id).get("State") or {}).get("Paused"):
+                        c.api.unpause(container_id)
                 c.api.remove_container(container_id, force=True, v=True)
             except docker.errors.NotFound:
                 pass
@@ -268,7 +352,7 @@ class DockerManager:
                 if "already in progress" not in str(exc):
                     raise
 
-        await self._call(remove, what=f"removing container {container_id[:12]}")
+        await self._call(remove, what=f"removing container {container_id[:12]}", always=True)
 
     async def container_state(self, container_id: str) -> dict[str, Any]:
         """Docker's ``State`` for the container (``OOMKilled``, ``ExitCode``, ``Status``…)."""
@@ -277,6 +361,15 @@ class DockerManager:
             what=f"inspecting container {container_id[:12]}",
         )
         return dict(data.get("State") or {})
+
+    async def container_address(self, container_id: str, network: str) -> str:
+        """The IPv4 address a started container has on ``network`` ('' if none)."""
+        data = await self._call(
+            lambda c: c.api.inspect_container(container_id),
+            what=f"inspecting container {container_id[:12]}",
+        )
+        networks = (data.get("NetworkSettings") or {}).get("Networks") or {}
+        return str((networks.get(network) or {}).get("IPAddress") or "")
 
     async def limit_cpu(self, container_id: str, *, cpu_cores: float) -> None:
         """Set a running container's CPU quota through its host cgroup (see ``cgroups``).
@@ -349,14 +442,18 @@ class DockerManager:
             f"/v{version}/containers/{quote(container_id)}/attach"
             "?stream=1&stdin=1&stdout=1&stderr=1"
         )
-        with _translated(f"attaching to {container_id[:12]}"):
+        with _translated(f"attaching to {container_id[:12]}", self.socket_path):
             reader, writer = await asyncio.open_unix_connection(self.socket_path, limit=1 << 22)
-            writer.write(
-                f"POST {path} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\n"
-                "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
-            )
-            await writer.drain()
-            head = await reader.readuntil(b"\r\n\r\n")
+            try:
+                writer.write(
+                    f"POST {path} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\n"
+                    "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
+                )
+                await writer.drain()
+                head = await reader.readuntil(b"\r\n\r\n")
+            except BaseException:
+                writer.close()  # a cancelled or failed attach keeps no socket open
+                raise
         status = head.split(b"\r\n", 1)[0].decode("latin-1")
         if " 101 " not in status and " 200 " not in status:
             writer.close()
@@ -364,3 +461,55 @@ class DockerManager:
                 f"Docker refused to attach to {container_id[:12]}: {status}"
             )
         return AttachedStdio(reader, writer)
+
+
+async def _outlast(future: asyncio.Future[T]) -> tuple[T] | None:
+    """Wait for ``future`` through any cancellation; ``(result,)``, or None if it failed."""
+    while not future.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({future})
+    if future.cancelled() or future.exception() is not None:  # retrieved: never logged
+        return None
+    return (future.result(),)
+
+
+async def ping(path: str, *, timeout_s: float) -> None:
+    """``GET /_ping`` on the daemon's socket at ``path``, all of it within ``timeout_s``."""
+    fix = (
+        "start dockerd (scripts/setup.sh does, or `sudo systemctl start docker`), or set "
+        "DOCKER_HOST=unix:///path/to/docker.sock if the daemon listens elsewhere"
+    )
+    writer = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            reader, writer = await asyncio.open_unix_connection(path)
+            writer.write(b"GET /_ping HTTP/1.1\r\nHost: docker\r\nConnection: close\r\n\r\n")
+            await writer.drain()
+            status = (await reader.readline()).decode("latin-1").strip()
+    except FileNotFoundError:
+        raise DockerUnavailableError(
+            f"no Docker socket at {path}: the daemon is not running there; {fix}"
+        ) from None
+    except PermissionError:
+        raise DockerUnavailableError(
+            f"permission denied on the Docker socket {path}; run harombe as root or as a "
+            "member of the docker group"
+        ) from None
+    except TimeoutError:
+        raise DockerUnavailableError(
+            f"the Docker socket {path} did not answer a ping within {timeout_s:g}s (it accepts "
+            f"connections but nothing serves them: dockerd is hung, or another program owns "
+            f"the socket); restart dockerd, {fix}"
+        ) from None
+    except OSError as exc:
+        raise DockerUnavailableError(
+            f"cannot connect to the Docker socket {path} ({exc.strerror or exc!r}); {fix}"
+        ) from None
+    finally:
+        if writer is not None:
+            writer.close()
+    if " 200 " not in f"{status} ":
+        raise DockerUnavailableError(
+            f"the Docker socket {path} answered {status or 'nothing'!r} to a ping, not "
+            f"'200 OK'; {fix}"
+        )

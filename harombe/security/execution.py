@@ -7,15 +7,18 @@ stays readable; it uses the manager's ``get``, ``limits``, ``sandbox_config``, `
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from harombe.config import LANGUAGES, Language
-from harombe.errors import SandboxLostError, UsageError
+from harombe.errors import HarombeError, SandboxLostError, UsageError
 from harombe.security.channel import OutputCallback
+from harombe.security.docker_manager import settle
 from harombe.security.sandbox import RUN_ENV, SESSION_LANGUAGES, ExecutionResult, argv_for
 
 if TYPE_CHECKING:
@@ -27,6 +30,9 @@ log = structlog.get_logger(__name__)
 
 GVISOR_RUNTIMES = ("runsc", "runsc-net")
 REPLY_SLACK_S = 15.0
+#: While a reply is awaited longer than this, the container's state is checked this often, so
+#: a sandbox paused or stopped from outside is found in seconds, not at the reply timeout.
+LIVENESS_POLL_S = 2.0
 TRUNCATION_MARK = "\n[OUTPUT TRUNCATED]"
 
 
@@ -35,6 +41,54 @@ def _decode(data: bytes, total: int) -> tuple[str, bool]:
     # An incremental decoder drops a multi-byte character cut in half by the byte cap.
     text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not truncated)
     return (text + TRUNCATION_MARK if truncated else text), truncated
+
+
+class LivenessWatch:
+    """Watches the container of a run that has not answered within ``LIVENESS_POLL_S``.
+
+    Its supervisor enforces the run's timeout itself, so silence alone proves nothing; but a
+    container paused or stopped from outside never answers, and would otherwise hold the call
+    until the reply timeout. When the watch finds one, it closes the channel, which ends the
+    run as lost with :attr:`reason` as the cause. Costs one timer per call; a Docker inspect
+    every ``LIVENESS_POLL_S`` only while a run is longer than that."""
+
+    def __init__(self, docker: DockerManager, box: Sandbox) -> None:
+        self.reason = ""
+        self._docker = docker
+        self._box = box
+        self._task: asyncio.Task[None] | None = None
+        self._timer = asyncio.get_running_loop().call_later(LIVENESS_POLL_S, self._start)
+
+    def _start(self) -> None:
+        self._task = asyncio.create_task(self._poll(), name=f"watch-{self._box.sandbox_id}")
+        self._task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    def stop(self) -> None:
+        self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _poll(self) -> None:
+        box = self._box
+        while True:
+            try:
+                state = await self._docker.container_state(box.container_id)
+            except SandboxLostError:
+                self.reason = f"the container of sandbox {box.sandbox_id} was removed from outside"
+            except HarombeError:
+                pass  # Docker unreachable: the channel itself tells if the sandbox is gone
+            else:
+                if state.get("Paused"):
+                    self.reason = (
+                        f"sandbox {box.sandbox_id} was paused from outside (docker pause) during "
+                        "the call"
+                    )
+                elif state.get("Running") is False:
+                    self.reason = f"sandbox {box.sandbox_id} stopped ({state.get('Status')})"
+            if self.reason:
+                await box.channel.close()
+                return
+            await asyncio.sleep(LIVENESS_POLL_S)
 
 
 class Execution:
@@ -53,6 +107,10 @@ class Execution:
 
         def _session_fields(self, box: Sandbox, language: str) -> dict[str, Any]: ...
 
+        async def _scrap(self, channel: Any, container_id: str) -> None: ...
+
+        async def _detach(self, sandbox_id: str) -> None: ...
+
         async def create_sandbox(
             self,
             language: Language = "python",
@@ -62,14 +120,31 @@ class Execution:
         ) -> Sandbox: ...
 
     def effective_timeout(self, timeout_s: float | None) -> tuple[float, list[str]]:
-        """The timeout a call gets: its own, capped by ``max_execution_time``."""
-        cap = float(self.limits.max_execution_time)
+        """The timeout a call gets, in seconds, and any warnings about it.
+
+        ``None`` gets ``max_execution_time`` (the default). A call's own timeout may be longer
+        than the default, up to the hard ceiling ``max_timeout_s``; a longer one is capped to
+        the ceiling and a warning says so. Anything but a finite number above zero (``nan``,
+        ``inf``, ``"10"``, ``True``) raises :class:`UsageError`. Pure: no I/O, so the tools
+        call it before the HITL gate, which then sees the timeout the run will get."""
+        limits = self.limits
         if timeout_s is None:
-            return cap, []
-        if timeout_s <= 0:
-            raise UsageError(f"timeout must be positive, got {timeout_s}")
-        if timeout_s > cap:
-            return cap, [f"timeout {timeout_s}s capped to max_execution_time {cap:g}s"]
+            return float(limits.max_execution_time), []
+        if (
+            isinstance(timeout_s, bool)
+            or not isinstance(timeout_s, int | float)
+            or not 0 < float(timeout_s) < float("inf")  # also refuses NaN
+        ):
+            raise UsageError(
+                f"timeout must be a finite number of seconds above 0, got {str(timeout_s)[:40]!r}; "
+                "pass e.g. timeout=30, or leave it out for the default"
+            )
+        ceiling = float(limits.max_timeout_s)
+        if timeout_s > ceiling:
+            return ceiling, [
+                f"timeout {float(timeout_s):g}s capped to max_timeout_s {ceiling:g}s (the hard "
+                "ceiling; raise security.sandbox.limits.max_timeout_s to allow longer calls)"
+            ]
         return float(timeout_s), []
 
     async def execute(
@@ -91,7 +166,12 @@ class Execution:
         box = self.get(sandbox_id)
         lang: Language = language or box.language
         if lang not in LANGUAGES:
-            raise UsageError(f"unknown language {lang!r}; use one of {', '.join(LANGUAGES)}")
+            raise UsageError(
+                f"unknown language {str(lang)[:40]!r}; use one of {', '.join(LANGUAGES)}"
+            )
+        check_timeout(timeout_s)
+        if not isinstance(code, str):
+            raise UsageError(f"code must be a string, got {type(code).__name__}")
         interpreter = {"python": "python3", "javascript": "node", "shell": "bash"}[lang]
         if not box.has(interpreter):
             raise UsageError(
@@ -101,12 +181,19 @@ class Execution:
         timeout, warnings = self.effective_timeout(timeout_s)
         stateful = self.sandbox_config.stateful if fresh is None else not fresh
         session = stateful and lang in SESSION_LANGUAGES
-        argv, stdin = argv_for(lang, code)
+        try:
+            argv, stdin = argv_for(lang, code)
+            payload = code.encode("utf-8", "surrogateescape") if session else stdin
+        except UnicodeEncodeError as exc:
+            raise UsageError(
+                f"code is not valid Unicode text: {exc.reason} at character {exc.start}; "
+                "send the code as text without lone surrogate characters"
+            ) from None
         async with box.lock:
             return await self._run(
                 box,
                 argv,
-                code.encode("utf-8", "surrogateescape") if session else stdin,
+                payload,
                 language=lang,
                 timeout_s=timeout,
                 on_output=on_output,
@@ -146,6 +233,8 @@ class Execution:
             msg.update(self._session_fields(box, language), env=msg["env"])
         started = time.perf_counter()
         box.runs += 1
+        watch = LivenessWatch(self.docker, box)
+        lost: SandboxLostError | None = None
         try:
             reply, blob = await box.channel.request(
                 msg,
@@ -154,7 +243,11 @@ class Execution:
                 on_output=on_output,
             )
         except SandboxLostError as exc:
-            return await self._lost(box, exc, language=language, started=started)
+            lost = SandboxLostError(watch.reason) if watch.reason else exc
+        finally:
+            watch.stop()
+        if lost is not None:
+            return await self._lost(box, lost, language=language, started=started)
         elapsed = time.perf_counter() - started
         if reply.get("op") != "done":
             raise UsageError(f"sandbox refused the run: {reply.get('message')}")
@@ -195,7 +288,7 @@ class Execution:
             cpu_s=float(reply.get("cpu_s", 0.0)),
             peak_memory_mb=float(reply.get("peak_memory_mb", 0.0)),
             timeout_s=timeout_s,
-            warnings=list(warnings or []),
+            warnings=list(warnings or []) + [str(w) for w in reply.get("warnings") or []],
             result=reply.get("result"),
             state_lost=bool(reply.get("state_lost")),
             stateful=bool(reply.get("session")),
@@ -223,12 +316,20 @@ class Execution:
         if box.channel.stderr_tail and box.channel.stderr_tail not in reason:
             reason += f"; supervisor stderr: {box.channel.stderr_tail.strip()[-500:]}"
         self._sandboxes.pop(box.sandbox_id, None)
-        await box.channel.close()
-        await self.docker.remove_container(box.container_id)
-        await self.networks.detach(box.sandbox_id)
-        replacement = await self.create_sandbox(
-            box.language, network_enabled=box.network_enabled, allowed_domains=box.allowed_domains
-        )
+        await settle(self._scrap(box.channel, box.container_id))
+        await settle(self._detach(box.sandbox_id))
+        try:
+            # A pooled replacement must answer a ping first, so it is never another dead one.
+            replacement = await self.create_sandbox(
+                box.language,
+                network_enabled=box.network_enabled,
+                allowed_domains=box.allowed_domains,
+            )
+        except HarombeError as err:
+            raise type(err)(
+                f"sandbox {box.sandbox_id} was lost ({reason}) and no replacement could be "
+                f"started: {err}"
+            ) from err
         self._replaced[box.sandbox_id] = replacement.sandbox_id
         log.warning(
             "sandbox.lost",
@@ -251,4 +352,23 @@ class Execution:
             language=language,
             runtime=box.runtime,
             replaced_sandbox_id=box.sandbox_id,
+        )
+
+
+def check_timeout(timeout_s: object) -> None:
+    """Refuse a timeout that is not a finite number of seconds above zero (None: the default).
+
+    NaN compares false with everything, so it would slip past every cap; ``"5"`` or ``True``
+    would mean one thing here and another to whoever checked the call."""
+    if timeout_s is None:
+        return
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not math.isfinite(timeout_s)
+        or timeout_s <= 0
+    ):
+        raise UsageError(
+            f"timeout must be a finite number of seconds above 0, got {str(timeout_s)[:40]!r}; "
+            "pass e.g. timeout=30, or leave it out for the default"
         )

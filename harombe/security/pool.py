@@ -7,6 +7,11 @@ back: a sandbox anyone ran code in is never handed to anyone else. Waiting sandb
 ``max_age_s`` are replaced. Refills run in the background, one sandbox at a time, so a burst of
 claims does not start a burst of containers competing for the CPU with the code being run.
 
+A claim hands out only a sandbox that answers: one whose channel has ended (its container was
+killed, removed, or Docker's connection to it dropped) is discarded without a round trip, and
+the rest must answer ``probe`` (a ping) in time, so a paused or hung one is discarded too. The
+claim then tries the next, and returns None when none is left (the caller cold-starts).
+
 Pooled containers carry the same labels as every other sandbox (plus ``harombe.pooled``), so
 ``SandboxManager.stop()`` and the orphan sweep remove them like the rest.
 """
@@ -22,44 +27,98 @@ from typing import Any
 
 import structlog
 
+from harombe.security.docker_manager import settle
 from harombe.security.sandbox import Sandbox
 
 log = structlog.get_logger(__name__)
 
 Launch = Callable[[Hashable], Coroutine[Any, Any, Sandbox]]
 Discard = Callable[[Sandbox], Coroutine[Any, Any, None]]
+Probe = Callable[[Sandbox], Coroutine[Any, Any, bool]]
+
+
+async def _always_alive(box: Sandbox) -> bool:
+    return box.channel.lost is None
+
+
+class Background:
+    """Fire-and-forget tasks that are kept referenced, whose failures are logged (never left
+    as "exception was never retrieved"), and that can be waited for."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved here, so asyncio never reports it
+        if exc is not None:
+            log.warning("pool.task_failed", task=task.get_name(), error=repr(exc))
+
+    async def wait(self) -> None:
+        """Until every task spawned so far (and any they spawn) has finished."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
 
 
 class WarmPool:
     """Keeps up to ``size`` ready sandboxes per key; see the module docstring."""
 
-    def __init__(self, launch: Launch, discard: Discard, *, size: int, max_age_s: float) -> None:
+    def __init__(
+        self,
+        launch: Launch,
+        discard: Discard,
+        *,
+        size: int,
+        max_age_s: float,
+        probe: Probe = _always_alive,
+    ) -> None:
         self._launch = launch
         self._discard = discard
+        self._probe = probe
         self.size = size
         self.max_age_s = max_age_s
         self._ready: dict[Hashable, deque[Sandbox]] = {}
         self._refills: dict[Hashable, asyncio.Task[None]] = {}
+        self._background = Background()
         self._closed = False
 
     def ready(self, key: Hashable) -> list[str]:
         """The ids of the sandboxes waiting for ``key`` now, oldest first."""
         return [box.sandbox_id for box in self._ready.get(key, ())]
 
-    def claim(self, key: Hashable) -> Sandbox | None:
-        """A ready sandbox for ``key`` (removed from the pool), or None; starts a refill."""
+    async def claim(self, key: Hashable) -> Sandbox | None:
+        """A ready, live sandbox for ``key`` (removed from the pool), or None; starts a refill.
+
+        Candidates that are too old, were used, or do not answer are retired on the way."""
         if self.size <= 0 or self._closed:
             return None
         queue = self._ready.setdefault(key, deque())
         box = None
-        now = time.time()
-        while queue:
-            candidate = queue.popleft()
-            if now - candidate.created_at < self.max_age_s and candidate.runs == 0:
-                box = candidate
-                break
-            self._retire(candidate, "expired")
-        self.fill(key)
+        try:
+            while queue and box is None:
+                candidate = queue.popleft()
+                if time.time() - candidate.created_at >= self.max_age_s or candidate.runs:
+                    self._retire(candidate, "expired")
+                    continue
+                try:
+                    alive = candidate.channel.lost is None and await self._probe(candidate)
+                except BaseException:
+                    queue.appendleft(candidate)  # the claimer gave up; the sandbox is still good
+                    raise
+                if alive:
+                    box = candidate
+                else:
+                    self._retire(candidate, "dead")
+        finally:
+            self.fill(key)
         return box
 
     def fill(self, key: Hashable) -> None:
@@ -68,12 +127,13 @@ class WarmPool:
             return
         task = self._refills.get(key)
         if task is None or task.done():
-            self._refills[key] = asyncio.create_task(self._refill(key))
+            self._refills[key] = self._background.spawn(self._refill(key), name=f"refill-{key}")
 
     async def settled(self) -> None:
-        """Wait until no refill is running (every pool is full, or failed to fill)."""
+        """Wait until no refill or removal is running (every pool is full, or failed to fill)."""
         while tasks := [t for t in self._refills.values() if not t.done()]:
             await asyncio.wait(tasks)
+        await self._background.wait()
 
     async def _refill(self, key: Hashable) -> None:
         queue = self._ready.setdefault(key, deque())
@@ -84,8 +144,8 @@ class WarmPool:
             except Exception as exc:  # noqa: BLE001 - a failed refill must not kill the pool
                 log.warning("pool.refill_failed", key=str(key), error=repr(exc))
                 return  # claims fall back to cold starts; the next claim tries again
-            if self._closed:
-                await self._discard(box)
+            if self._closed:  # close() raced this launch: the sandbox is nobody's
+                await settle(self._discard(box))
                 return
             queue.append(box)
             log.debug(
@@ -98,8 +158,7 @@ class WarmPool:
 
     def _retire(self, box: Sandbox, reason: str) -> None:
         log.info("pool.retired", sandbox_id=box.sandbox_id, reason=reason)
-        task: asyncio.Task[None] = asyncio.create_task(self._discard(box))
-        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+        self._background.spawn(self._discard(box), name=f"retire-{box.sandbox_id}")
 
     async def close(self) -> list[Sandbox]:
         """Stop refilling; the sandboxes still waiting, for the caller to remove."""
@@ -109,6 +168,7 @@ class WarmPool:
         for task in self._refills.values():
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self._background.wait()  # retirements finish: their containers are gone
         waiting = [box for queue in self._ready.values() for box in queue]
         self._ready.clear()
         return waiting

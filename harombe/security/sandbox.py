@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import secrets
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -79,6 +81,28 @@ def check_sandbox_id(sandbox_id: object) -> str:
     return sandbox_id
 
 
+def process_owner() -> str:
+    """``host:pid:starttime`` — unique for this process even after its pid is reused."""
+    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
+
+
+def owner_is_gone(owner: str, *, hostname: str) -> bool:
+    """True when the process that labelled a container as ``owner`` no longer runs here."""
+    host, _, rest = owner.partition(":")
+    pid_text, _, started = rest.partition(":")
+    if host != hostname or not pid_text.isdigit():
+        return False  # another machine's container, or a label we did not write
+    return _start_time(int(pid_text)) != started
+
+
 def argv_for(language: Language, code: str) -> tuple[list[str], bytes]:
     """The command that runs ``code`` and the bytes to feed it on stdin."""
     if language == "python":
@@ -142,6 +166,13 @@ def container_spec(
         # A network-enabled sandbox: its own --internal network and the runtime that uses it.
         "runtime": config.network.runtime if network else config.runtime,
         "network_mode": network or "none",
+        # No resolver of the host's inside: Docker would copy the host's nameservers and search
+        # domains in. Offline sandboxes have nothing to ask; network-enabled ones reach names
+        # only through the egress proxy, which resolves them (Docker's embedded resolver on
+        # their network forwards to this 127.0.0.1, where nothing listens). Lookups fail at once.
+        "dns": ["127.0.0.1"],
+        "dns_search": ["."],
+        "dns_opt": ["attempts:1", "timeout:1"],
         "read_only": True,
         "tmpfs": {
             WORKSPACE: f"size={limits.max_disk_mb}m,mode=0755,{owned}",

@@ -9,7 +9,6 @@ harombe labels: :meth:`SandboxManager.stop` removes this manager's, and
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
 import uuid
@@ -22,21 +21,24 @@ import structlog
 from harombe.config import LANGUAGES, HarombeConfig, Language, load_config, override
 from harombe.errors import (
     ConfigError,
+    DockerUnavailableError,
+    HarombeError,
     InsecureRuntimeError,
     LimitNotAppliedError,
     RuntimeNotAvailableError,
+    SandboxLostError,
     SandboxNotFoundError,
     SandboxStartError,
     UsageError,
 )
-from harombe.security.channel import Channel
-from harombe.security.docker_manager import DockerManager
+from harombe.security.channel import Channel, blob_cap_bytes
+from harombe.security.docker_manager import DockerManager, settle
 from harombe.security.egress import Resolver, system_resolver
 from harombe.security.execution import GVISOR_RUNTIMES, Execution
 from harombe.security.files import FileOps
 from harombe.security.installs import PackageInstalls
 from harombe.security.network import CA_BUNDLE, Lease, SandboxNetworks
-from harombe.security.pool import WarmPool
+from harombe.security.pool import Background, WarmPool
 from harombe.security.sandbox import (
     JS_WORKER_SOURCE,
     LABEL_MANAGED,
@@ -48,33 +50,15 @@ from harombe.security.sandbox import (
     check_sandbox_id,
     container_spec,
     new_sandbox_id,
+    owner_is_gone,
+    process_owner,
 )
 
 log = structlog.get_logger(__name__)
 
 START_TIMEOUT_S = 30.0
-
-
-def _process_owner() -> str:
-    """``host:pid:starttime`` — unique for this process even after its pid is reused."""
-    return f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid())}"
-
-
-def _start_time(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
-def owner_is_gone(owner: str, *, hostname: str) -> bool:
-    """True when the process that labelled a container as ``owner`` no longer runs here."""
-    host, _, rest = owner.partition(":")
-    pid_text, _, started = rest.partition(":")
-    if host != hostname or not pid_text.isdigit():
-        return False  # another machine's container, or a label we did not write
-    return _start_time(int(pid_text)) != started
+#: How long a pooled sandbox may take to answer the ping that precedes handing it out.
+CLAIM_PING_TIMEOUT_S = 3.0
 
 
 class SandboxManager(Execution, FileOps, PackageInstalls):
@@ -106,12 +90,16 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
             allow_insecure_runtime=allow_insecure_runtime,
         )
         self.manager_id = uuid.uuid4().hex[:12]
-        self._owner = _process_owner()
+        self._owner = process_owner()
         self._sandboxes: dict[str, Sandbox] = {}
         self._replaced: dict[str, str] = {}
         self._started = False
         self._late_cpu_limit = True  # see harombe.security.cgroups
         self._extra_cas = b""
+        # Containers whose removal failed because Docker could not be reached: retried when it
+        # answers again, and by stop().
+        self._unremoved: set[str] = set()
+        self._background = Background()
         network = self.sandbox_config.network
         self.networks = SandboxNetworks(
             docker_manager,
@@ -124,8 +112,22 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
     def _new_pool(self) -> WarmPool:
         pool = self.sandbox_config.pool
         return WarmPool(
-            self._launch_pooled, self._discard, size=pool.size, max_age_s=pool.max_age_s
+            self._launch_pooled,
+            self._discard,
+            size=pool.size,
+            max_age_s=pool.max_age_s,
+            probe=self._answers,
         )
+
+    async def _answers(self, box: Sandbox) -> bool:
+        """Whether ``box``'s supervisor answers a ping in time (a paused or hung one does not)."""
+        if box.channel.lost is not None:
+            return False
+        try:
+            reply, _ = await box.channel.request({"op": "ping"}, timeout_s=CLAIM_PING_TIMEOUT_S)
+        except SandboxLostError:
+            return False
+        return reply.get("ok") is True
 
     def pool_key(self, language: Language) -> tuple[str, ...]:
         """The warm-pool key of ``language``'s sandboxes: language, image, runtime and limits."""
@@ -133,8 +135,10 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         return (language, cfg.image_for(language), cfg.runtime, cfg.limits.model_dump_json())
 
     async def wait_pool_settled(self) -> None:
-        """Wait until the warm pool has finished refilling (for benchmarks and tests)."""
+        """Wait until the warm pool has finished refilling and background removals are done
+        (for benchmarks and tests)."""
         await self.pool.settled()
+        await self._background.wait()
 
     @property
     def sandbox_config(self) -> Any:
@@ -202,17 +206,23 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         return len(orphans)
 
     async def stop(self) -> None:
-        """Destroy every sandbox this manager created (also ones a failed create left)."""
+        """Destroy every sandbox this manager created, and every container and network labelled
+        with its id (also ones a failed or cancelled create left)."""
         self._started = False
         boxes = list(self._sandboxes.values()) + await self.pool.close()
+        await self._background.wait()
         networks = self.networks
         self._sandboxes.clear()
         await asyncio.gather(*(box.channel.close() for box in boxes))
         if self.docker.started:
             leftovers = await self.docker.list_containers({LABEL_MANAGER: self.manager_id})
             ids = {box.container_id for box in boxes} | {c.id for c in leftovers}
+            ids |= self._unremoved
             await asyncio.gather(*(self.docker.remove_container(cid) for cid in ids))
+            self._unremoved.clear()
             await networks.close()
+            # Networks no lease knows of any more (a detach that failed while Docker was away).
+            await networks.sweep(lambda labels: labels.get(LABEL_MANAGER) == self.manager_id)
         log.info("sandbox_manager.stopped", removed=len(boxes))
 
     def _require_started(self) -> None:
@@ -245,10 +255,13 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         """A started sandbox, from the warm pool when one is ready, else started now."""
         self._require_started()
         if language not in LANGUAGES:
-            raise UsageError(f"unknown language {language!r}; use one of {', '.join(LANGUAGES)}")
+            raise UsageError(
+                f"unknown language {str(language)[:40]!r}; use one of {', '.join(LANGUAGES)}"
+            )
         if not network_enabled:
             key = self.pool_key(language)
-            box = self.pool.claim(key)  # also starts a refill: the pool fills after first use
+            # Only a sandbox that answers; also starts a refill: the pool fills after first use.
+            box = await self.pool.claim(key)
             if box is not None:
                 self._sandboxes[box.sandbox_id] = box
                 log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
@@ -263,17 +276,38 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         box = await self._launch(key[0], pooled=True)
         if self.sandbox_config.stateful and box.language in SESSION_LANGUAGES:
             # Start the session interpreter now, so the first call on it pays nothing.
-            reply, _ = await box.channel.request(
-                {"op": "warm", **self._session_fields(box, box.language)}, timeout_s=START_TIMEOUT_S
-            )
+            try:
+                reply, _ = await box.channel.request(
+                    {"op": "warm", **self._session_fields(box, box.language)},
+                    timeout_s=START_TIMEOUT_S,
+                )
+            except BaseException:
+                await settle(self._discard(box))  # cancelled (stop()) or lost: keep nothing
+                raise
             if not reply.get("ok"):
-                await self._discard(box)
+                await settle(self._discard(box))
                 raise SandboxStartError(f"session interpreter did not start: {reply}")
         return box
 
     async def _discard(self, box: Sandbox) -> None:
         await box.channel.close()
-        await self.docker.remove_container(box.container_id)
+        await self._remove(box.container_id)
+
+    async def _remove(self, container_id: str) -> None:
+        """Remove a container; if Docker cannot be reached, remember it and retry later."""
+        try:
+            await self.docker.remove_container(container_id)
+        except DockerUnavailableError as exc:
+            self._unremoved.add(container_id)
+            log.warning("sandbox.removal_deferred", container=container_id[:12], error=str(exc))
+        else:
+            self._unremoved.discard(container_id)
+
+    def _retry_removals(self) -> None:
+        """Docker answers again: remove what could not be removed while it was away."""
+        for container_id in list(self._unremoved):
+            self._unremoved.discard(container_id)
+            self._background.spawn(self._remove(container_id), name=f"remove-{container_id[:12]}")
 
     def _session_fields(self, box: Sandbox, language: str) -> dict[str, Any]:
         """What the supervisor needs to start the session interpreter for ``language``.
@@ -305,10 +339,16 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         sandbox_id = new_sandbox_id()
         started = time.perf_counter()
         await self.docker.image_id(image)  # a clear ImageNotFoundError before creating anything
+        if self._unremoved:
+            self._retry_removals()
         lease = None
         if network_enabled:
-            # Its own --internal network, the egress proxy on the gateway, firewall rules.
-            lease = await self.networks.attach(sandbox_id, allowed_domains)
+            # Its own --internal network, the egress proxy on the gateway, firewall rules; made
+            # whole even if the caller is cancelled meanwhile, and then taken down again.
+            lease = await settle(
+                self.networks.attach(sandbox_id, allowed_domains),
+                undo=lambda _: self.networks.detach(sandbox_id),
+            )
         try:
             return await self._start_container(
                 sandbox_id, language, image, started,
@@ -316,8 +356,15 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
             )  # fmt: skip
         except BaseException:
             if lease is not None:
-                await asyncio.shield(self.networks.detach(sandbox_id))
+                await settle(self._detach(sandbox_id))
             raise
+
+    async def _detach(self, sandbox_id: str) -> None:
+        """Take a sandbox's network down; Docker being away leaves it for stop()'s sweep."""
+        try:
+            await self.networks.detach(sandbox_id)
+        except HarombeError as exc:
+            log.warning("network.removal_deferred", sandbox_id=sandbox_id, error=str(exc))
 
     async def _start_container(
         self,
@@ -349,8 +396,16 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         channel: Channel | None = None
         try:
             stdio = await self.docker.attach(container_id)
-            channel = Channel(stdio, sandbox_id=sandbox_id)
+            channel = Channel(
+                stdio,
+                sandbox_id=sandbox_id,
+                max_blob_bytes=blob_cap_bytes(
+                    cfg.limits.max_file_bytes, cfg.limits.max_output_bytes
+                ),
+            )
             await self.docker.start_container(container_id)
+            if lease is not None:  # its proxy serves this container's address and no other
+                await self.networks.bind(sandbox_id, container_id)
             info = await channel.hello(timeout_s=START_TIMEOUT_S)
             if self._late_cpu_limit:
                 # The boot ran unthrottled; the quota binds before any code can run here.
@@ -370,10 +425,9 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
             if lease is not None:
                 await self._install_ca_bundle(box)
         except BaseException as exc:
-            # Nothing half-started is kept: not the channel, not the container.
-            if channel is not None:
-                await channel.close()
-            await asyncio.shield(self.docker.remove_container(container_id))
+            # Nothing half-started is kept: not the channel, not the container — even when the
+            # caller is cancelled again while this clean-up runs.
+            await settle(self._scrap(channel, container_id))
             if not isinstance(exc, LimitNotAppliedError):
                 raise
             log.warning("sandbox.cpu_limit_fallback", reason=str(exc))
@@ -393,13 +447,17 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         )
         return box
 
+    async def _scrap(self, channel: Channel | None, container_id: str) -> None:
+        if channel is not None:
+            await channel.close()
+        await self._remove(container_id)
+
     async def destroy_sandbox(self, sandbox_id: str) -> None:
         """Remove the sandbox's container; its id is unknown afterwards."""
         box = self.get(sandbox_id)
         self._sandboxes.pop(sandbox_id, None)
-        await box.channel.close()
-        await self.docker.remove_container(box.container_id)
-        await self.networks.detach(sandbox_id)
+        await settle(self._scrap(box.channel, box.container_id))
+        await settle(self._detach(sandbox_id))
         log.info("sandbox.destroyed", sandbox_id=sandbox_id, runs=box.runs)
 
     async def _read_extra_cas(self) -> bytes:
