@@ -34,56 +34,127 @@ let interrupt = null; // rejects the pending async part of a run on SIGINT
 let interrupted = false; // SIGINT arrived during this run: stop waiting for pending work
 
 // A call ends when its code and the work it left (timers, fs requests) are done, as a script
-// run by `node -` ends when its event loop is empty. Timers are tracked as they are made,
-// because an unref()'d one never shows among the active resources: a script would exit
-// without it, so the session cannot be kept with it either (the supervisor restarts it).
+// run by `node -` ends when its event loop is empty. Every timer, ref()'d or not, sits in one
+// of Node's timer lists whoever made it (setTimeout, timers/promises, AbortSignal.timeout…),
+// so the worker reads those lists (the supervisor starts Node with --expose-internals for
+// this) rather than a record of its own that a path around it would miss. An unref()'d timer
+// would not keep a script alive, so the session cannot be kept with one either.
+// What the worker calls after user code has run is captured now: user code may replace
+// globals and prototype methods, and must not change what the worker sees or says.
+const { timerListMap, immediateQueue, kRefed } = require('internal/timers');
+const activeResources = process.getActiveResourcesInfo;
+const call = Function.prototype.call.bind(Function.prototype.call);
+const includes = String.prototype.includes;
+const writeSync = fs.writeSync;
+const stringify = JSON.stringify;
+const parse = JSON.parse;
+const inspect = util.inspect;
+const runInThisContext = vm.runInThisContext;
+const PromiseCtor = Promise;
+const then = Promise.prototype.then;
+const race = Promise.race;
 const sleep = setTimeout;
 const turn = setImmediate;
-const timers = new Set();
-function tracked(make) {
-  const wrapper = function (...args) {
-    const timer = Reflect.apply(make, this, args);
-    if (timer && typeof timer === 'object') timers.add(timer);
-    return timer;
-  };
-  Object.defineProperties(wrapper, Object.getOwnPropertyDescriptors(make));
-  return wrapper;
-}
-const timersModule = require('timers');
-for (const name of ['setTimeout', 'setInterval', 'setImmediate']) {
-  const wrapped = tracked(globalThis[name]);
-  for (const holder of [globalThis, timersModule]) {
-    try { holder[name] = wrapped; } catch { /* left as it was: still seen while ref()'d */ }
-  }
-}
-const WORK = /^(Timeout|Immediate)$|Req/; // timers and requests; handles (pipes, servers) wait for input
 
-function stray() {
-  const left = [];
-  for (const timer of timers) {
-    if (timer._destroyed) timers.delete(timer);
-    else if (typeof timer.hasRef === 'function' && !timer.hasRef()) left.push('unref()\'d timer');
+// Counts in a prototype-less object and one string: no method user code could have replaced.
+function leftWork() {
+  const counts = { __proto__: null };
+  let any = false;
+  for (const key in timerListMap) {
+    const list = timerListMap[key];
+    for (let timer = list._idleNext; timer && timer !== list; timer = timer._idleNext) {
+      if (!timer[kRefed]) { counts['unref()\'d timer'] = (counts['unref()\'d timer'] || 0) + 1; any = true; }
+    }
   }
-  return left;
+  if (immediateQueue.head !== null && !any) {
+    // ref()'d immediates show among the active resources below; only unref()'d ones count.
+    for (let im = immediateQueue.head; im; im = im._idleNext) {
+      if (!im[kRefed]) { counts['unref()\'d immediate'] = (counts['unref()\'d immediate'] || 0) + 1; any = true; }
+    }
+  }
+  return any ? counts : null;
 }
 
-function summary(names) {
-  const counts = new Map();
-  for (const name of names) counts.set(name, (counts.get(name) || 0) + 1);
-  return [...counts].slice(0, 16).map(([name, n]) => (n > 1 ? `${n} x ${name}` : name).slice(0, 64));
+function refWork() {
+  const names = call(activeResources, process);
+  const counts = { __proto__: null };
+  let any = false;
+  for (let i = 0; i < names.length; i++) {
+    const name = `${names[i]}`;
+    // timers and requests; handles (pipes, servers) wait for input
+    if (name === 'Timeout' || name === 'Immediate' || call(includes, name, 'Req')) {
+      counts[name] = (counts[name] || 0) + 1;
+      any = true;
+    }
+  }
+  return any ? counts : null;
+}
+
+// Work on libuv's thread pool (crypto, zlib, some fs) keeps a script alive but is not among
+// the active resources: a pool thread that is running (R) or in I/O (D) means such work is
+// pending. Their /proc stat files are opened once and re-read in place (one pread each).
+const POOL_THREAD = 'libuv-worker';
+const poolStats = [];
+const statBuf = Buffer.alloc(512);
+const readSync = fs.readSync;
+
+function findPool() {
+  for (const tid of fs.readdirSync('/proc/self/task')) {
+    const dir = `/proc/self/task/${tid}`;
+    if (fs.readFileSync(`${dir}/comm`, 'latin1').trim() === POOL_THREAD) {
+      poolStats.push(fs.openSync(`${dir}/stat`, 'r'));
+    }
+  }
+}
+
+function poolBusy() {
+  let busy = 0;
+  for (let i = 0; i < poolStats.length; i++) {
+    let n;
+    try {
+      n = call(readSync, fs, poolStats[i], statBuf, 0, statBuf.length, 0);
+    } catch {
+      return -1;
+    }
+    let end = n - 1; // the state follows the last ')' (a thread's name may hold one)
+    while (end > 0 && statBuf[end] !== 0x29) end--;
+    const state = statBuf[end + 2];
+    if (end <= 0) return -1;
+    if (state === 0x52 || state === 0x44) busy++; // 'R', 'D'
+  }
+  return busy;
+}
+
+function summary(counts) {
+  let text = '';
+  let n = 0;
+  for (const name in counts) {
+    if (n++ === 16) break;
+    text += `${text ? ', ' : ''}${counts[name] > 1 ? `${counts[name]} x ` : ''}${name}`;
+  }
+  return [text || 'pending work'];
+}
+
+function pause(ms) {
+  return new PromiseCtor((resolve) => { if (ms) sleep(resolve, ms); else turn(resolve); });
 }
 
 async function settle() {
   // One turn of the event loop first: process.nextTick callbacks and microtasks the code
   // queued run now, in this call, not in the next one.
-  await new Promise((resolve) => { turn(resolve); });
+  await pause(0);
   for (;;) {
-    const unref = stray();
-    if (unref.length) return summary(unref);
-    const work = process.getActiveResourcesInfo().filter((name) => WORK.test(name));
-    if (!work.length) return [];
-    if (interrupted) return summary(work);
-    await new Promise((resolve) => { sleep(resolve, 5); });
+    const unref = leftWork();
+    if (unref) return summary(unref);
+    let work = refWork();
+    const busy = poolBusy();
+    if (busy) {
+      work = work || { __proto__: null };
+      work[busy < 0 ? 'thread-pool state that could not be read' : 'thread-pool job'] = busy;
+    }
+    if (!work) return [];
+    if (interrupted || busy < 0) return summary(work);
+    await pause(5);
   }
 }
 
@@ -109,13 +180,13 @@ function describe(err) {
 }
 
 function reply(msg) {
-  const data = Buffer.from(JSON.stringify(msg));
+  const data = Buffer.from(call(stringify, JSON, msg));
   const header = Buffer.alloc(8);
   header.writeUInt32BE(data.length, 0);
   header.writeUInt32BE(0, 4);
   const frame = Buffer.concat([header, data]);
   let offset = 0;
-  while (offset < frame.length) offset += fs.writeSync(4, frame, offset);
+  while (offset < frame.length) offset += call(writeSync, fs, 4, frame, offset);
 }
 
 async function runCell(code, id) {
@@ -125,15 +196,15 @@ async function runCell(code, id) {
   let exitCode = 0;
   let result = null;
   try {
-    let value = vm.runInThisContext(code, { filename: `<cell ${cell}>`, breakOnSigint: true });
+    let value = call(runInThisContext, vm, code, { filename: `<cell ${cell}>`, breakOnSigint: true });
     if (value && typeof value.then === 'function') {
-      value = await Promise.race([
+      value = await call(race, PromiseCtor, [
         value,
-        new Promise((_, reject) => { interrupt = reject; }),
+        new PromiseCtor((_, reject) => { interrupt = reject; }),
       ]);
     }
     if (value !== undefined) {
-      result = util.inspect(value).slice(0, RESULT_LIMIT);
+      result = `${call(inspect, util, value)}`.slice(0, RESULT_LIMIT);
     }
   } catch (err) {
     process.stderr.write(`${describe(err)}\n`);
@@ -163,8 +234,9 @@ const input = new net.Socket({ fd: 3, readable: true, writable: false });
 let buffer = Buffer.alloc(0);
 // The first frame says the worker's own threads are up (libuv starts its pool on first use,
 // so a stat starts it now): the supervisor counts any thread beyond these as user code's.
-let queue = new Promise((resolve) => {
+let queue = new PromiseCtor((resolve) => {
   fs.stat('/', () => {
+    try { findPool(); } catch { /* no /proc: pool jobs go unseen, as they did */ }
     reply({ ready: true, threads: fs.readdirSync('/proc/self/task').slice(0, 256) });
     resolve();
   });
@@ -175,10 +247,10 @@ input.on('data', (chunk) => {
     const jlen = buffer.readUInt32BE(0);
     const blen = buffer.readUInt32BE(4);
     if (buffer.length < 8 + jlen + blen) break;
-    const request = JSON.parse(buffer.subarray(8, 8 + jlen).toString('utf8'));
+    const request = call(parse, JSON, buffer.subarray(8, 8 + jlen).toString('utf8'));
     const code = buffer.subarray(8 + jlen, 8 + jlen + blen).toString('utf8');
     buffer = buffer.subarray(8 + jlen + blen);
-    queue = queue.then(() => runCell(code, request.cell));
+    queue = call(then, queue, () => runCell(code, request.cell));
   }
 });
 input.on('end', () => process.exit(0));

@@ -4,6 +4,11 @@ Standard library only. The supervisor forks, makes the child the sandbox user (n
 capabilities left) and runs this source in it (``PY_WORKER_SOURCE``: ``supervisor_io.py``
 then this file), then calls :func:`serve_python`: requests on fd 3 (the blob is the code),
 replies on fd 4, the code's output on fds 1 and 2.
+
+What a call sets up that could act later is undone when it ends: itimers are disarmed, signal
+handlers it installed are reset (a POSIX timer it armed then signals a default action, which
+the supervisor reports as a lost session), ``sys.stdout``/``stderr``/``stdin`` are the worker's
+again, and its children are collected (the interpreter is stopped between calls).
 """
 
 import io
@@ -100,7 +105,8 @@ def _spill_before_processes(spill):
 
 
 def _reap():
-    """Collect exited children, so zombies never count against the process limit."""
+    """Collect exited children, so zombies never count against the process limit (an exit
+    status the code did not wait for in its own call is not kept for a later one)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -108,6 +114,18 @@ def _reap():
             return
         if pid == 0:
             return
+
+
+def _report(write, fallback):
+    """Print the user's error to their ``sys.stderr``, or to the worker's own when the code
+    replaced it with something that cannot take it: the worker must outlive any such stream."""
+    try:
+        write(sys.stderr)
+    except Exception:
+        try:
+            write(fallback)
+        except Exception:
+            pass
 
 
 def serve_python():
@@ -135,7 +153,7 @@ def serve_python():
 
     builtins.exit = builtins.quit = leave  # what site would add; -S leaves them out
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    stdin = sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
     # Two faces of stdout. Streaming: line-buffered to fd 1, so the host sees each line as it
     # is printed. Otherwise: collected in memory and sent with the reply, which saves the
     # syscalls of a pipe round (dear under gVisor); past SPILL_BYTES it goes to fd 1 as well,
@@ -151,7 +169,7 @@ def serve_python():
         io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )  # fmt: skip
-    sys.stderr = io.TextIOWrapper(
+    stderr = sys.stderr = io.TextIOWrapper(
         io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
         line_buffering=True,
     )  # fmt: skip
@@ -160,6 +178,12 @@ def serve_python():
     cell = 0
     setitimer = signal.setitimer
     _TIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+    # The handlers the worker runs with: a handler the code installs is reset when its call
+    # ends, so a timer it armed (a POSIX timer through ctypes, say) cannot run code of its
+    # during a later call. Python's own table, read without a syscall.
+    getsignal = signal.getsignal
+    own_handlers = [(s, getsignal(s)) for s in sorted(signal.valid_signals())
+                    if getsignal(s) is not None]  # fmt: skip
     # Everything alive now is the interpreter's own: keep the collector off those pages so
     # processes that user code forks share them instead of copying them.
     gc.freeze()
@@ -168,12 +192,14 @@ def serve_python():
         if frame is None:
             os._exit(0)
         request, blob = frame
-        _reap()  # children the last call left were killed by the supervisor: collect them
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this call's children report as usual
         if sys.path_importer_cache.get(user_site, False) is None and os.path.isdir(user_site):
             # An import that failed before the first package install cached "nothing here"
             # for the user site; the install made it a directory, so look again.
             del sys.path_importer_cache[user_site]
+        # Set for every call: streams a call replaced (or closed) are not the next call's.
         sys.stdout = streamed if request.get("stream") else collected
+        sys.stderr, sys.stdin = stderr, stdin
         cell += 1
         name = "<cell %d>" % cell
         code = blob.decode("utf-8", "surrogateescape")
@@ -195,7 +221,7 @@ def serve_python():
             if exc.code is None or isinstance(exc.code, int):
                 exit_code = int(exc.code or 0)
             else:
-                print(exc.code, file=sys.stderr)
+                _report(lambda f, e=exc: print(e.code, file=f), stderr)
                 exit_code = 1
         except BaseException as exc:  # the user's exception, printed as Python would
             import linecache
@@ -205,11 +231,11 @@ def serve_python():
             tb = exc.__traceback__
             while tb is not None and not tb.tb_frame.f_code.co_filename.startswith("<cell"):
                 tb = tb.tb_next  # drop the worker's own frames
-            traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
+            _report(lambda f, e=exc, t=tb: traceback.print_exception(type(e), e, t, file=f), stderr)
             exit_code = 1
         try:
             streamed.flush()
-            sys.stderr.flush()
+            stderr.flush()
         except Exception:
             pass
         times = os.times()
@@ -220,8 +246,16 @@ def serve_python():
         # A timer the code armed would interrupt a later call: its effects end with this one.
         for timer in _TIMERS:
             setitimer(timer, 0)
+        for signum, handler in own_handlers:
+            if getsignal(signum) is not handler:
+                signal.signal(signum, handler)
         if not isinstance(exit_code, int) or not -(1 << 31) <= exit_code < 1 << 31:
             exit_code = 1  # sys.exit(10**100): still a failure, in a shape the protocol takes
         reply = {"cell": request.get("cell"), "exit_code": exit_code, "result": result,
                  "cpu_s": round(cpu_s, 6), "maxrss_kb": usage.ru_maxrss}  # fmt: skip
+        # Children are collected before the reply, and those the supervisor kills after it
+        # are collected by the kernel (SIGCHLD ignored until the next call): a stopped
+        # interpreter's zombies would hold the sandbox's process budget between calls.
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+        _reap()
         write_frame(4, reply, tail)

@@ -23,7 +23,8 @@ capabilities, and file operations run with that effective uid, so what they crea
 user. A different uid cannot signal, ptrace or open the fds of the supervisor, so
 ``os.kill(1, 9)`` or ``kill -9 -1`` in user code cannot take the channel down (this gVisor release
 delivers signals to PID 1 like to any process, so being init protects nothing by itself).
-``PR_SET_DUMPABLE=0`` is kept as a second lock. User code runs in its own session; when a run
+``PR_SET_DUMPABLE=0`` is kept as a second lock. User code runs in its own session (a session
+interpreter in its own process group of ours: see :func:`child_setup`); when a run
 ends every process in the sandbox is stopped at once and all but the session interpreters are
 killed (:func:`sweep`), so nothing a call starts outlives the call, and the interpreters stay
 stopped until their next run: between calls no user code runs at all, so every limit binds at
@@ -246,11 +247,23 @@ def sweep():
     return bool(killed)
 
 
-def child_setup(nproc):
-    """In a freshly forked child that will run user code: own session, default signals, the
-    OOM killer's first choice, the user's ids, and its process limit."""
-    os.setsid()
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+def child_setup(nproc, own_session=True):
+    """In a freshly forked child that will run user code: own session (or, for a session
+    interpreter, own process group in ours), default signals, the OOM killer's first choice,
+    the user's ids, and its process limit.
+
+    A session interpreter is stopped between calls while the sweep kills its children. Under
+    gVisor a process group with no member whose parent is in another group of the same
+    session counts as orphaned whenever a member leaves it, and an orphaned group with a
+    stopped member gets SIGHUP and SIGCONT: in a session of its own, the interpreter would be
+    killed, or (SIGHUP ignored) continued between calls. In our session, with us as its
+    parent in another group, its group is never orphaned."""
+    if own_session:
+        os.setsid()
+    else:
+        os.setpgid(0, 0)
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD,
+                signal.SIGHUP):  # fmt: skip
         signal.signal(sig, signal.SIG_DFL)
     signal.set_wakeup_fd(-1)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
@@ -302,6 +315,9 @@ def main():
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so exits wake select()
+    # User code shares our session (see child_setup): should it orphan our process group,
+    # gVisor's SIGHUP must not end the supervisor.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     sel.register(wake_r, EVENT_READ, "wake")
     inbox = bytearray()
     run = None

@@ -20,7 +20,12 @@ The worker runs user code, which can write on its reply pipe, so the worker is u
 frame over the caps, not JSON, not a reply to the current call, or a second reply kills it
 (:class:`Violation`); so does a thread beyond its own after a call (read from /proc), pending
 work it reports, or memory over the limit still held when the call ends. Each of these ends
-the session with ``state_lost`` and a warning saying why, never silently. A forged reply ends
+the session with ``state_lost`` and a warning saying why, never silently, and is followed by
+one more sweep (what the worker's threads forked while they were being waited for goes too).
+The workers end what is theirs to end: Python resets signal handlers the code installed and
+itimers, and leaves SIGCHLD ignored between calls, so the children the sweep kills leave no
+zombies holding the process limit; Node reports every timer left in its timer lists (ref()'d
+or not, however made) and work still running on libuv's thread pool. A forged reply ends
 the call early, but the code that forged it is stopped with the worker: it can only go on
 inside a later call of the same session, under that call's limits, and its own reply then
 arrives out of turn, which that call reports as a lost session.
@@ -121,7 +126,7 @@ class Worker:
         pid = os.fork()
         if pid == 0:  # child: never returns
             try:
-                child_setup(nproc)
+                child_setup(nproc, own_session=False)
                 null = os.open("/dev/null", os.O_RDONLY)
                 os.dup2(null, 0)
                 for fd, n in targets:
@@ -139,7 +144,9 @@ class Worker:
                     scope = {"__name__": "harombe_worker"}
                     exec(compile(PY_WORKER_SOURCE, "<harombe-worker>", "exec"), scope)
                     scope["serve_python"]()
-                argv = ["node", "-e", JS_WORKER[0]]
+                # --expose-internals: the worker reads Node's timer lists to see every timer a
+                # call leaves (see jsworker.js).
+                argv = ["node", "--expose-internals", "-e", JS_WORKER[0]]
                 os.execvpe(argv[0], argv, env)
             except BaseException as exc:
                 try:
@@ -244,7 +251,8 @@ class Worker:
             if self.baseline is None:  # Node's first frame, sent before any user code ran
                 threads = reply.get("threads") if type(reply) is dict else None
                 if (
-                    reply.get("ready") is not True
+                    threads is None
+                    or reply.get("ready") is not True
                     or type(threads) is not list
                     or len(threads) > 256
                     or not all(type(t) is str and t.isdigit() for t in threads)
@@ -274,12 +282,12 @@ class Worker:
         deadline = time.monotonic() + THREAD_EXIT_GRACE_S
         while extra and time.monotonic() < deadline:
             # A thread that was joined may still be on its way out (its last steps in libc):
-            # let the worker run a moment, stop it again and look again.
+            # let the worker run a moment, stop it again and look again. The stop is a sweep:
+            # whatever its threads forked meanwhile must not outlive the call either.
             self.thaw()
             time.sleep(THREAD_EXIT_POLL_S)
-            try:
-                os.kill(self.pid, signal.SIGSTOP)
-            except ProcessLookupError:
+            kill_all_others()
+            if self.exit_status is not None or not os.path.exists("/proc/%d" % self.pid):
                 return None  # it died: its death is reported through SIGCHLD
             extra = self.extra_threads()
         if extra:
@@ -330,9 +338,11 @@ class Worker:
         if self.run is not None:
             self.run.worker_died(status)
         else:
+            how = ("signal %d" % os.WTERMSIG(status) if os.WIFSIGNALED(status)
+                   else "exit code %d" % os.WEXITSTATUS(status))  # fmt: skip
             LOST_BETWEEN_RUNS[self.language] = (
-                "the session interpreter ended between calls (killed from inside the sandbox); "
-                "its state is gone and this call ran on a new one"
+                "the session interpreter ended between calls (%s); its state is gone and this "
+                "call ran on a new one" % how
             )
 
     def retire(self, reason):
@@ -405,6 +415,20 @@ class SessionRun(Supervised):
                 self.exit_code = 128 + self.term_signal
             else:
                 self.exit_code = os.WEXITSTATUS(status)
+        if not self.warnings:  # a lost session always says why
+            if self.status == "oom":
+                why = "was killed for holding more memory than the limit"
+            elif self.status is not None:
+                why = "did not stop within the grace period after the %s and was killed" % (
+                    self.status)  # fmt: skip
+            elif os.WIFSIGNALED(status):
+                why = "ended during the call (signal %d)" % os.WTERMSIG(status)
+            else:
+                why = "ended during the call (exit code %d)" % os.WEXITSTATUS(status)
+            self.warnings.append(
+                "the session interpreter %s; its state is gone and the next call runs on a "
+                "new one" % why
+            )
 
     def worker_lost(self, reason):
         """The worker was killed on purpose (see ``Worker.retire``)."""
@@ -463,6 +487,9 @@ class SessionRun(Supervised):
                     why = "memory over the limit was still held when the call ended"
             if why is not None:
                 worker.retire("the session interpreter was restarted: " + why)
+                # Looking for leftover threads let the worker run a moment: anything they
+                # forked meanwhile is swept now, not left running until the next call.
+                kill_all_others()
         if self.stdout_tail:  # written after anything that went through the pipe
             self.output.feed("stdout", self.stdout_tail)
             self.stdout_tail = b""
