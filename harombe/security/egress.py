@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import resource
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -42,8 +44,10 @@ from harombe.security.egress_http import (
     MAX_HEAD_BYTES,
     BadRequest,
     RequestHead,
+    close_writer,
     copy_body,
     parse_head,
+    pipe,
 )
 from harombe.security.netpolicy import Allowlist, address_is_public, normalize_host
 
@@ -52,9 +56,13 @@ log = structlog.get_logger(__name__)
 #: Connections one sandbox may hold open through its proxy at once; more are answered 503.
 #: Browsers use about 6 per host and package managers up to 16; 64 leaves room for both.
 MAX_CONNECTIONS_PER_SANDBOX = 64
-#: Resolve-and-connect attempts one sandbox may have in flight at once; more wait their turn,
-#: so one sandbox's slow names cannot hold the resolver threads every sandbox shares.
-MAX_CONNECTS_IN_FLIGHT = 4
+#: Name lookups one sandbox may have in flight at once; more wait their turn. A lookup holds
+#: its slot until its resolver thread is done, not merely until the proxy stops waiting for
+#: it, so one sandbox's slow names hold at most this many of the shared resolver threads.
+MAX_LOOKUPS_IN_FLIGHT = 4
+#: Threads that resolve names for every proxy of this process: a pool of their own, so slow
+#: lookups never hold the default executor the rest of harombe uses.
+RESOLVER_THREADS = 64
 #: Seconds a client has to send a whole request head (slow-header attacks).
 HEADER_TIMEOUT_S = 10.0
 #: Seconds a tunnel or a forwarded request may carry no byte either way before it is closed.
@@ -71,16 +79,41 @@ LINGER_S = 0.5
 FD_RESERVE = 512
 #: A soft ``RLIMIT_NOFILE`` below this after raising it is logged as too low.
 MIN_FD_LIMIT = 4096
+#: Refusals one proxy logs one by one per second; past that they are counted and logged as
+#: one ``egress.refusals_suppressed`` event, so a flood of refused requests cannot flood the log.
+REFUSALS_LOGGED_PER_S = 20
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 PolicyFor = Callable[[str], "tuple[str, Allowlist] | None"]
 Identify = Callable[[str], "str | None"]
 
 
-async def system_resolver(host: str, port: int) -> list[str]:
-    """Addresses of ``host`` from this machine's resolver."""
-    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+_resolver_pool: ThreadPoolExecutor | None = None
+
+
+def _getaddrinfo(host: str, port: int) -> list[str]:
+    """The blocking lookup (a seam for tests that stand in for a slow resolver)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return [str(info[4][0]) for info in infos]
+
+
+async def system_resolver(host: str, port: int) -> list[str]:
+    """Addresses of ``host`` from this machine's resolver, on the resolver threads (never the
+    default executor: a hanging resolver must not stall harombe's other blocking work)."""
+    global _resolver_pool
+    if _resolver_pool is None:
+        _resolver_pool = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="harombe-dns")
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_resolver_pool, _getaddrinfo, host, port)
+
+
+_UNSAFE = re.compile(r"[^\x20-\x7e]")
+
+
+def printable(text: str, limit: int = 253) -> str:
+    """``text`` cut to ``limit`` characters of printable ASCII (others become ``?``): what a
+    client wrote may go into a log event or a refusal, but never a line break or an escape."""
+    return _UNSAFE.sub("?", text[:limit])
 
 
 async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -154,7 +187,7 @@ class EgressProxy:
         header_timeout_s: float = HEADER_TIMEOUT_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS_PER_SANDBOX,
-        max_connects_in_flight: int = MAX_CONNECTS_IN_FLIGHT,
+        max_lookups_in_flight: int = MAX_LOOKUPS_IN_FLIGHT,
         budget: ConnectionBudget | None = None,
     ) -> None:
         self.policy_for = policy_for
@@ -167,10 +200,15 @@ class EgressProxy:
         self.max_connections = max_connections
         self.budget = budget or ConnectionBudget(1 << 30)
         self.connections = 0
-        self._connecting = asyncio.Semaphore(max_connects_in_flight)
+        self._lookup_slots = asyncio.Semaphore(max_lookups_in_flight)
+        self._lookups: set[asyncio.Future[list[str]]] = set()
         self._server: asyncio.Server | None = None
         self._over_cap = 0  # refusals for the connection cap not yet logged
         self._over_cap_logged_at = 0.0
+        self._refusal_window = 0.0  # start of the current second of refusal logging
+        self._refusals_in_window = 0
+        self._refusals_suppressed = 0
+        self._sandbox_id: str | None = None
         self._lingering = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -189,8 +227,11 @@ class EgressProxy:
             self._server = None
         for task in list(self._tasks):
             task.cancel()
+        for lookup in list(self._lookups):
+            lookup.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=CONNECT_TIMEOUT_S)
+        self._flush_suppressed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -225,7 +266,7 @@ class EgressProxy:
         except asyncio.CancelledError:
             pass  # stop() ends the connection; the handler task itself must end cleanly
         finally:
-            writer.close()
+            close_writer(writer)
             with contextlib.suppress(ConnectionError, OSError, asyncio.CancelledError):
                 await writer.wait_closed()
 
@@ -257,23 +298,22 @@ class EgressProxy:
             if not allowed:
                 raise Refused(403, why)
             host = normalize_host(host)
-            async with self._connecting:
-                upstream_r, upstream_w = await self._open(host, port)
+            upstream_r, upstream_w = await self._open(host, port)
             log.info("egress.allowed", sandbox_id=sandbox, **client, domain=host, port=port,
                      reason=why)  # fmt: skip
             try:
                 if head.connect:
                     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                     await writer.drain()
-                    await _pipe([(reader, upstream_w), (upstream_r, writer)], self.idle_timeout_s)
+                    await pipe([(reader, upstream_w), (upstream_r, writer)], self.idle_timeout_s)
                 else:
                     upstream_w.write(head.origin_request(host))
                     await upstream_w.drain()
                     await self._forward(head, reader, upstream_r, upstream_w, writer)
             finally:
-                upstream_w.close()
+                close_writer(upstream_w)
         except Refused as exc:
-            self._refused(client, exc, sandbox_id=sandbox, domain=host[:253], port=port)
+            self._refused(client, exc, sandbox_id=sandbox, domain=printable(host), port=port)
             await _reply(writer, exc.status, str(exc))
             await self._linger(reader, writer)
 
@@ -293,11 +333,11 @@ class EgressProxy:
                 await copy_body(head, reader, upstream_w, self.idle_timeout_s)
             except (BadRequest, TimeoutError, ConnectionError, OSError):
                 # The origin must not act on a truncated body; this also ends the response.
-                upstream_w.close()
+                close_writer(upstream_w)
 
         body = asyncio.create_task(send_body())
         try:
-            await _pipe([(upstream_r, writer)], self.idle_timeout_s, busy=lambda: not body.done())
+            await pipe([(upstream_r, writer)], self.idle_timeout_s, busy=lambda: not body.done())
             await body  # an origin that half-closed early may still read the rest
         finally:
             if not body.done():
@@ -323,8 +363,26 @@ class EgressProxy:
             self._lingering -= 1
 
     def _refused(self, client: dict[str, object], exc: Refused, **fields: object) -> None:
-        log.info("egress.refused", **client, **fields, reason=str(exc),
-                 **({"detail": exc.detail} if exc.detail else {}))  # fmt: skip
+        """One ``egress.refused`` event, or, past :data:`REFUSALS_LOGGED_PER_S` in a second,
+        a count that :meth:`_flush_suppressed` logs as one event."""
+        now = time.monotonic()
+        if now - self._refusal_window >= 1.0:
+            self._flush_suppressed()
+            self._refusal_window, self._refusals_in_window = now, 0
+        self._sandbox_id = str(fields.get("sandbox_id") or self._sandbox_id or "")
+        self._refusals_in_window += 1
+        if self._refusals_in_window > REFUSALS_LOGGED_PER_S:
+            self._refusals_suppressed += 1
+            return
+        log.info("egress.refused", **client, **fields, reason=printable(str(exc), 400),
+                 **({"detail": printable(exc.detail, 400)} if exc.detail else {}))  # fmt: skip
+
+    def _flush_suppressed(self) -> None:
+        if self._refusals_suppressed:
+            log.info("egress.refusals_suppressed", sandbox_id=self._sandbox_id,
+                     count=self._refusals_suppressed,
+                     limit_per_s=REFUSALS_LOGGED_PER_S)  # fmt: skip
+            self._refusals_suppressed = 0
 
     def _refused_over_cap(self, client: dict[str, object], sandbox: str) -> None:
         """Audited at most once a second, with the count since, so a flood of refused
@@ -337,16 +395,34 @@ class EgressProxy:
                      count=self._over_cap)  # fmt: skip
             self._over_cap, self._over_cap_logged_at = 0, now
 
+    async def _resolve(self, host: str, port: int) -> list[str]:
+        """The addresses of ``host``, within ``connect_timeout_s`` (waiting for a slot
+        included). A lookup that outlives the wait keeps its slot until it really ends, so a
+        sandbox's slow names occupy at most ``max_lookups_in_flight`` resolver threads."""
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                await self._lookup_slots.acquire()
+                lookup = asyncio.ensure_future(self.resolver(host, port))
+                self._lookups.add(lookup)
+
+                def done(_: object) -> None:
+                    self._lookups.discard(lookup)
+                    self._lookup_slots.release()
+
+                lookup.add_done_callback(done)
+                return await asyncio.shield(lookup)
+        except TimeoutError:
+            raise Refused(504, f"{host} did not resolve in time",
+                          detail=f"timeout_s={self.connect_timeout_s}") from None  # fmt: skip
+        except (OSError, ValueError) as exc:  # ValueError: e.g. UnicodeError from the codec
+            raise Refused(502, f"{host} does not resolve", detail=str(exc)) from None
+
     async def _open(
         self, host: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Resolve once and connect to one of the addresses just checked (DNS rebinding
         between check and connect is impossible: there is no second lookup)."""
-        try:
-            async with asyncio.timeout(self.connect_timeout_s):
-                addresses = await self.resolver(host, port)
-        except (OSError, TimeoutError) as exc:
-            raise Refused(502, f"{host} does not resolve", detail=str(exc)) from None
+        addresses = await self._resolve(host, port)
         usable = [a for a in addresses if self.allow_private or address_is_public(a)]
         if not usable:
             raise Refused(403, f"{host} resolves only to local or private addresses",
@@ -363,48 +439,13 @@ class EgressProxy:
 
 
 async def _reply(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
-    body = f"harombe egress proxy: {reason}\n".encode()
+    """A refusal: fixed head, the reason (printable ASCII only) as a plain-text body."""
+    body = f"harombe egress proxy: {printable(reason, 400)}\n".encode("ascii")
     with contextlib.suppress(ConnectionError, OSError):
         writer.write(
-            f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain\r\n"
+            f"HTTP/1.1 {status} Refused\r\nContent-Type: text/plain; charset=us-ascii\r\n"
+            f"X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
             + body
         )
         await writer.drain()
-
-
-async def _pipe(
-    pairs: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
-    idle_timeout_s: float,
-    *,
-    busy: Callable[[], bool] = lambda: False,
-) -> None:
-    """Copy each reader to its writer until EOF, or until no byte has moved in any direction
-    for ``idle_timeout_s`` (a writer that stops reading counts as idle too) while ``busy()``
-    (other work on the connection, such as an upload) is false."""
-    loop = asyncio.get_running_loop()
-    last = [loop.time()]
-
-    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                try:
-                    async with asyncio.timeout(idle_timeout_s):
-                        data = await src.read(65536)
-                        if data:
-                            dst.write(data)
-                            await dst.drain()
-                except TimeoutError:
-                    if loop.time() - last[0] >= idle_timeout_s and not busy():
-                        return
-                    continue
-                if not data:
-                    break
-                last[0] = loop.time()
-        except (ConnectionError, OSError):
-            pass
-        finally:
-            with contextlib.suppress(OSError, RuntimeError):
-                dst.write_eof()
-
-    await asyncio.gather(*(pump(src, dst) for src, dst in pairs))

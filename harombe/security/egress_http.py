@@ -1,4 +1,5 @@
-"""Strict HTTP/1.x request heads and bodies for the egress proxy: pure parsing, no policy.
+"""Strict HTTP/1.x request heads and bodies for the egress proxy, and the byte pump it moves
+them with: no policy.
 
 The proxy forwards exactly one request per connection, so it must agree with the origin on
 where that request ends and on which host it is for. Anything two parsers could read in two
@@ -20,7 +21,9 @@ Every refusal is a :class:`BadRequest` whose text names only what was wrong, nev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from harombe.security.netpolicy import normalize_host
@@ -228,7 +231,9 @@ async def copy_body(
         while n > 0:
             data = await read(min(n, 65536))
             writer.write(data)
-            await writer.drain()
+            # An origin that stops reading the upload ends it (TimeoutError) rather than
+            # holding the connection, or more of the body in memory, indefinitely.
+            await asyncio.wait_for(writer.drain(), idle_timeout_s)
             n -= len(data)
 
     async def line() -> bytes:
@@ -264,6 +269,75 @@ async def copy_body(
         trailer = await line()
         writer.write(trailer)
         if trailer == b"\r\n":
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), idle_timeout_s)
             return
     raise BadRequest(431, "too many trailer lines")
+
+
+def close_writer(writer: asyncio.StreamWriter) -> None:
+    """Close a connection; one whose peer left data unread is aborted, since a plain close
+    would keep its socket open until the peer reads (possibly never)."""
+    if writer.transport.get_write_buffer_size():
+        writer.transport.abort()
+    else:
+        writer.close()
+
+
+async def pipe(
+    pairs: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]],
+    idle_timeout_s: float,
+    *,
+    busy: Callable[[], bool] = lambda: False,
+) -> None:
+    """Copy each reader to its writer until EOF, or until no byte has moved in any direction
+    for ``idle_timeout_s`` while ``busy()`` (other work on the connection, such as an upload)
+    is false. A receiver that takes no byte for ``idle_timeout_s`` ends the whole connection:
+    nothing more is read for it, so what the proxy holds for a connection stays bounded (one
+    read and the writer's buffer) however long a client leaves a response unread while it
+    keeps the other direction busy."""
+    loop = asyncio.get_running_loop()
+    last = [loop.time()]
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout(idle_timeout_s):
+                        data = await src.read(65536)
+                except TimeoutError:
+                    if loop.time() - last[0] >= idle_timeout_s and not busy():
+                        return
+                    continue
+                if not data:
+                    break
+                dst.write(data)
+                try:
+                    async with asyncio.timeout(idle_timeout_s):
+                        await dst.drain()
+                except TimeoutError:
+                    raise _Stalled from None
+                last[0] = loop.time()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            with contextlib.suppress(OSError, RuntimeError):
+                dst.write_eof()
+
+    tasks = [asyncio.ensure_future(pump(src, dst)) for src, dst in pairs]
+    try:
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        if any(not t.cancelled() and t.exception() is not None for t in done):
+            for _src, dst in pairs:  # a stalled receiver: end both directions at once
+                dst.transport.abort()
+        if pending:
+            await asyncio.wait(pending)
+    finally:
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+
+class _Stalled(Exception):
+    """A receiver took no byte for the idle timeout."""

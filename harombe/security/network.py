@@ -117,6 +117,11 @@ async def _disable_ipv6(bridge: str) -> None:
         ) from exc
 
 
+def _is_admission(rule: list[str]) -> bool:
+    """Whether a recorded rule is the one that lets the sandbox reach its proxy."""
+    return rule[-1] == "ACCEPT"
+
+
 class SandboxNetworks:
     """Creates and removes sandbox networks; see the module docstring."""
 
@@ -206,6 +211,13 @@ class SandboxNetworks:
                 f"sandbox {sandbox_id} got no address on {lease.network_name}; check that "
                 "Docker's bridge networks work (docker network inspect)"
             )
+        # A container started again on the same network (a retried start) replaces the one
+        # before it: the old address loses its way in and the proxy stops serving it before
+        # the new one gets either, so no address ever keeps a stale admission.
+        lease.client_ip = None
+        for rule in [r for r in lease.rules if _is_admission(r)]:
+            await _iptables("-D", *rule)
+            lease.rules.remove(rule)
         await self._add_rule(lease, "INPUT", [
             "-i", lease.bridge, "-s", f"{address}/32", "-d", f"{lease.gateway}/32",
             "-p", "tcp", "--dport", str(PROXY_PORT), "-j", "ACCEPT",
@@ -243,14 +255,25 @@ class SandboxNetworks:
             await self._release(lease)
 
     async def _release(self, lease: Lease) -> None:
+        """Proxy and way in first, then the network, and only then the rules that fence the
+        bridge: a network Docker cannot remove yet (its container could not be removed) keeps
+        its REJECT rules until :meth:`sweep` removes network and rules together."""
+        lease.client_ip = None
         if lease.proxy is not None:
             await lease.proxy.stop()
-        for rule in lease.rules:
+        admissions = [r for r in lease.rules if _is_admission(r)]
+        fences = [r for r in lease.rules if not _is_admission(r)]
+        await self._delete_rules(admissions)
+        await self.docker.remove_network(lease.network_id)
+        await self._delete_rules(fences)
+
+    @staticmethod
+    async def _delete_rules(rules: list[list[str]]) -> None:
+        for rule in rules:
             try:
                 await _iptables("-D", *rule)
             except InfrastructureError as exc:
                 log.warning("network.rule_left", rule=rule, error=str(exc))
-        await self.docker.remove_network(lease.network_id)
 
     async def sweep(self, is_orphan: Callable[[dict[str, str]], bool]) -> int:
         """Remove sandbox networks (and their firewall rules) whose owner is gone."""

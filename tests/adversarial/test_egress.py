@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import re
 import subprocess
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -494,4 +494,5 @@ async def test_one_sandbox_hoarding_connections_starves_no_other(
         offline = await net_tools.code_execute(language="python", code="6 * 7")
         assert offline["result"] == "42", offline
     finally:
+        assert isinstance(stream, AsyncGenerator)
         await stream.aclose()  # cancels the hoarding run; its sandbox is cleaned up by stop()

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from harombe.errors import ConfigError
-from harombe.security.egress import ConnectionBudget, EgressProxy, raise_fd_limit
+from harombe.security.egress import ConnectionBudget, EgressProxy, printable, raise_fd_limit
 from harombe.security.netpolicy import Allowlist, address_is_public, is_ip_literal
 from harombe.testing import capture_events
 
@@ -37,7 +37,9 @@ async def origin() -> AsyncIterator[int]:
     server.close()
 
 
-async def start_proxy(origin_port: int, domains: list[str]) -> tuple[EgressProxy, int, dict]:
+async def start_proxy(
+    origin_port: int, domains: list[str]
+) -> tuple[EgressProxy, int, dict[str, Allowlist]]:
     state = {"allowlist": Allowlist.parse(domains, ports=[origin_port])}
     proxy = EgressProxy(
         lambda client: ("sandbox-0123456789ab", state["allowlist"]),
@@ -308,3 +310,14 @@ async def test_expect_continue_round_trip() -> None:
         await proxy.stop()
         server.close()
     assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b"hello")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("a.test", "a.test"), ("a\r\nb", "a??b"), ("\x1b[31m", "?[31m"), ("\x9b1m", "?1m"),
+     ("é", "?"), ("x" * 300, "x" * 253)],
+    ids=["plain", "crlf", "ansi", "c1", "non-ascii", "long"],
+)  # fmt: skip
+def test_printable_keeps_client_text_to_one_plain_line(text: str, expected: str) -> None:
+    """Client-written text in logs and refusals is cut and kept to printable ASCII."""
+    assert printable(text) == expected
