@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from harombe.security.code_risk import Finding, analyze_code, language_for_path
-from harombe.security.hitl import HITLRule, Operation, RiskLevel
+from harombe.security.hitl_rules import HITLRule, Operation, RiskLevel
 
 STANDARD_REGISTRIES = ("pypi", "npm")
 #: Files that are programs, by extension (the guide's list, plus common script extensions).
@@ -47,12 +47,14 @@ def sandbox_network(op: Operation) -> list[Finding]:
 
 
 def long_timeout(op: Operation) -> list[Finding]:
-    """``timeout`` (effective seconds) above ``timeout_default_s``, or not a finite number."""
+    """``timeout`` (effective seconds) above ``timeout_default_s``, or not a finite positive
+    number (what the manager would do with it is not this rule's to guess)."""
     timeout_s, default_s = op.params.get("timeout"), op.params.get("timeout_default_s")
     if timeout_s is None or isinstance(timeout_s, bool):
         return []
-    if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s):
-        return [Finding("long-run", f"timeout {timeout_s!r} is not a finite number of seconds")]
+    if not isinstance(timeout_s, int | float) or not math.isfinite(timeout_s) or timeout_s <= 0:
+        detail = f"timeout {timeout_s!r} is not a finite positive number of seconds"
+        return [Finding("long-run", detail)]
     if (
         isinstance(default_s, int | float)
         and not isinstance(default_s, bool)

@@ -362,7 +362,7 @@ RULE_CASES = [
     ("timeout-at-default", {"timeout": 30.0, "timeout_default_s": 30.0}, RiskLevel.HIGH,
      "Any code execution"),
     ("timeout-nan", {"timeout": float("nan"), "timeout_default_s": 30.0}, RiskLevel.HIGH,
-     "not a finite number"),
+     "not a finite positive number"),
     ("timeout-long-and-network", {"timeout": 600.0, "timeout_default_s": 30.0,
                                   "network_enabled": True}, RiskLevel.CRITICAL,
      "sandbox has network"),

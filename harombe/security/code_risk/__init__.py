@@ -12,13 +12,17 @@ Analyzers recurse where one language hands code to another (``bash -c``, ``pytho
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
-__all__ = ["Finding", "analyze_code", "language_for_path"]
+__all__ = ["Finding", "analyze_code", "language_for_path", "normalize_path"]
 
 #: Nesting depth beyond which code handed to another interpreter is not followed any further;
 #: deeper nesting is itself reported, because nothing benign needs it.
 MAX_DEPTH = 4
+#: Code longer than this is not analyzed (reading 10 MB takes seconds): it is itself a finding,
+#: since nothing an agent sends in one call needs to be larger.
+MAX_CODE_CHARS = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,9 @@ class Finding:
 def analyze_code(language: str, code: str, *, depth: int = 0) -> list[Finding]:
     """Dangerous constructs in ``code`` written in ``language`` (python, javascript, shell).
 
-    An unknown language is judged conservatively: one ``unknown-language`` finding.
+    An unknown language is judged conservatively: one ``unknown-language`` finding. So is code
+    longer than :data:`MAX_CODE_CHARS`, or nested too deeply for the analyzer to walk
+    (``((((…))))`` 10,000 deep): never an exception, never a pass.
     """
     if depth > MAX_DEPTH:
         return [Finding("nesting", f"code nested more than {MAX_DEPTH} interpreters deep")]
@@ -52,7 +58,15 @@ def analyze_code(language: str, code: str, *, depth: int = 0) -> list[Finding]:
     analyzer = analyzers.get(language)
     if analyzer is None:
         return [Finding("unknown-language", f"cannot analyze code in language {language!r}")]
-    return analyzer(code, depth=depth)
+    if len(code) > MAX_CODE_CHARS:
+        return [Finding("unanalyzable", f"{language} code of {len(code):,} characters is "
+                        f"above the {MAX_CODE_CHARS:,} the analyzer reads")]  # fmt: skip
+    try:
+        return analyzer(code, depth=depth)
+    except (RecursionError, MemoryError) as exc:
+        # Deeply nested expressions exhaust the parser's or the analyzer's stack.
+        return [Finding("unanalyzable", f"{language} code nested too deeply to analyze "
+                        f"({type(exc).__name__})")]  # fmt: skip
 
 
 _EXTENSIONS = {
@@ -65,6 +79,15 @@ _EXTENSIONS = {
     ".bash": "shell",
 }
 _SHEBANGS = {"python": "python", "node": "javascript", "sh": "shell", "bash": "shell"}
+
+
+def normalize_path(path: str) -> str:
+    """``path`` with ``.``, ``..`` and repeated slashes resolved lexically, so
+    ``/workspace/../etc`` and ``//etc`` are judged as ``/etc``; a trailing slash is kept."""
+    if not path.startswith("/"):
+        return path
+    normal = "/" + posixpath.normpath(path).lstrip("/")
+    return normal + "/" if path.endswith("/") and normal != "/" else normal
 
 
 def language_for_path(path: str, content: str = "") -> str | None:

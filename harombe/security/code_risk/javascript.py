@@ -7,18 +7,32 @@ so a word inside a string or comment is never a finding and an escaped name does
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-from harombe.security.code_risk import Finding
+from harombe.security.code_risk import Finding, analyze_code, language_for_path, normalize_path
+from harombe.security.code_risk.javascript_tokens import JSSyntaxError, Token, Tokenizer
 
 #: Modules whose import means running programs or strings as code.
 DANGEROUS_MODULES = {
     "child_process": "child_process runs other programs",
     "vm": "vm runs strings as code",
     "inspector": "inspector evaluates code in the running process",
+    "repl": "repl runs what it reads as code",
     "worker_threads": "worker_threads can run strings as code",
-}
+    # Packages that wrap those, or load native code.
+    "shelljs": "shelljs runs shell commands", "execa": "execa runs other programs",
+    "zx": "zx runs shell commands", "cross-spawn": "cross-spawn runs other programs",
+    "node-pty": "node-pty runs programs on a terminal",
+    "@npmcli/promise-spawn": "promise-spawn runs other programs",
+    "child-process-promise": "child-process-promise runs other programs",
+    "vm2": "vm2 runs strings as code", "isolated-vm": "isolated-vm runs strings as code",
+    "safe-eval": "safe-eval runs strings as code", "node-cmd": "node-cmd runs shell commands",
+    "ffi-napi": "ffi-napi calls C functions", "ffi": "ffi calls C functions",
+    "koffi": "koffi calls C functions", "node-ffi": "node-ffi calls C functions",
+}  # fmt: skip
+#: Members of runtime globals that run programs or load native code (Deno, Bun).
+RUNTIME_MEMBERS = {"Deno": {"run", "Command", "dlopen", "spawn", "spawnSync"},
+                   "Bun": {"$", "spawn", "spawnSync", "dlopen"}}  # fmt: skip
+#: Functions that run a module given by specifier, like ``import()``.
+SPEC_LOADERS = {"require", "import", "getBuiltinModule", "Worker", "Module", "_load"}
 #: Names that lead past the module system to the process's internals.
 INTERNALS = {"mainModule", "binding", "_linkedBinding", "dlopen", "_load", "constructor"}
 GLOBAL_OBJECTS = {"globalThis", "global", "window", "self", "process", "module"}
@@ -41,7 +55,37 @@ REFLECTED = (
 TELLTALE_STRINGS = {"constructor", "__proto__", "Function", "getBuiltinModule", "createRequire",
                     "mainModule", "_linkedBinding", "dlopen", "_load"}  # fmt: skip
 #: Global objects whose members can be looked up by name once they are handed to a function.
-_LOOKUP_GLOBALS = {"globalThis", "global", "window", "self"}
+_LOOKUP_GLOBALS = {"globalThis", "global", "window", "self", "process"}
+#: fs members that delete, and that write, the path given as their first argument.
+FS_DELETERS = {"rm", "rmSync", "rmdir", "rmdirSync", "unlink", "unlinkSync"}
+FS_WRITERS = {
+    "writeFile",
+    "writeFileSync",
+    "appendFile",
+    "appendFileSync",
+    "createWriteStream",
+    "truncate",
+    "truncateSync",
+    "copyFile",
+    "copyFileSync",
+    "symlink",
+    "symlinkSync",
+}
+FS_SCRIPT_WRITERS = {"writeFile", "writeFileSync", "appendFile", "appendFileSync"}
+_KERNEL_PATHS = ("/dev/", "/proc/", "/sys/")
+_SAFE_DEVICES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/shm/")
+_SYSTEM_DIRS = (
+    "/etc/",
+    "/bin/",
+    "/sbin/",
+    "/usr/",
+    "/lib/",
+    "/lib64/",
+    "/boot/",
+    "/root/",
+    "/var/",
+    "/opt/",
+)
 TIMERS = {"setTimeout", "setInterval", "setImmediate"}
 #: Functions that load a module by name, like ``require``.
 LOADERS = {"require", "getBuiltinModule"}
@@ -59,205 +103,42 @@ DANGEROUS_MEMBERS = {
 #: Names that, assembled from pieces (``'ev' + 'al'``), mean the assembly is hiding them.
 ASSEMBLED = REFLECTED | {"child_process", "node:child_process", "getBuiltinModule", "exec",
                          "execSync", "spawn", "process", "global", "globalThis"}  # fmt: skip
-_REGEX_AFTER_WORDS = {"return", "typeof", "instanceof", "in", "of", "new", "delete", "void",
-                      "throw", "case", "do", "else", "yield", "await"}  # fmt: skip
-_PUNCT = ("?.", "...", "=>", "(", ")", "[", "]", "{", "}", ".", ",", ";", ":", "?", "=", "+", "-",
-          "*", "%", "!", "~", "<", ">", "&", "|", "^", "/")  # fmt: skip
-_PUNCT_RE = re.compile("|".join(re.escape(p) for p in _PUNCT))
-_SPACE = re.compile(r"\s+")
-_ASCII_NAME = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
-_NUMBER = re.compile(r"[0-9A-Za-z_.]+")
-_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "v": "\v", "0": "\0"}
-
-
-class JSSyntaxError(ValueError):
-    def __init__(self, message: str, line: int) -> None:
-        super().__init__(message)
-        self.line = line
-
-
-@dataclass(frozen=True)
-class Token:
-    kind: str  # name, str, num, punct, regex
-    value: str
-    line: int
-
-
-class _Tokenizer:
-    def __init__(self, src: str) -> None:
-        self.src = src
-        self.i = 0
-        self.line = 1
-        self.tokens: list[Token] = []
-        self.braces: list[str] = []  # "{" for blocks, "`" for a template's ${ … }
-
-    def error(self, message: str) -> JSSyntaxError:
-        return JSSyntaxError(message, self.line)
-
-    def char(self) -> str:
-        ch = self.src[self.i]
-        self.i += 1
-        if ch == "\n":
-            self.line += 1
-        return ch
-
-    def escape(self) -> str:
-        """Decode one escape after a consumed backslash (strings and identifiers)."""
-        if self.i >= len(self.src):
-            raise self.error("unterminated escape")
-        ch = self.char()
-        if ch == "u":
-            if self.src.startswith("{", self.i):
-                end = self.src.find("}", self.i)
-                if end < 0:
-                    raise self.error("bad \\u{} escape")
-                digits, self.i = self.src[self.i + 1 : end], end + 1
-            else:
-                digits, self.i = self.src[self.i : self.i + 4], self.i + 4
-            try:
-                return chr(int(digits, 16))
-            except ValueError:
-                raise self.error("bad \\u escape") from None
-        if ch == "x":
-            digits, self.i = self.src[self.i : self.i + 2], self.i + 2
-            try:
-                return chr(int(digits, 16))
-            except ValueError:
-                raise self.error("bad \\x escape") from None
-        if ch == "\n":
-            return ""
-        return _SIMPLE_ESCAPES.get(ch, ch)
-
-    def regex_allowed(self) -> bool:
-        if not self.tokens:
-            return True
-        last = self.tokens[-1]
-        if last.kind == "name":
-            return last.value in _REGEX_AFTER_WORDS
-        return last.kind == "punct" and last.value not in (")", "]", "}")
-
-    def run(self) -> list[Token]:
-        while self.i < len(self.src):
-            ch = self.src[self.i]
-            line = self.line
-            if ch.isspace():
-                match = _SPACE.match(self.src, self.i)
-                assert match is not None
-                self.line += match.group().count("\n")
-                self.i = match.end()
-            elif self.src.startswith("//", self.i):
-                end = self.src.find("\n", self.i)
-                self.i = len(self.src) if end < 0 else end
-            elif self.src.startswith("/*", self.i):
-                end = self.src.find("*/", self.i + 2)
-                if end < 0:
-                    raise self.error("unterminated /* comment")
-                self.line += self.src.count("\n", self.i, end)
-                self.i = end + 2
-            elif ch in "'\"":
-                self.char()
-                self.tokens.append(Token("str", self.string(ch), line))
-            elif ch == "`":
-                self.char()
-                self.template(line)
-            elif ch == "}" and self.braces and self.braces[-1] == "`":
-                self.braces.pop()
-                self.char()
-                self.template(line)
-            elif ch == "/" and self.regex_allowed():
-                self.char()
-                self.regex(line)
-            elif ch.isalpha() or ch in "_$\\" or ord(ch) > 127:
-                match = _ASCII_NAME.match(self.src, self.i)
-                end = match.end() if match else self.i
-                if match and not (
-                    end < len(self.src) and (self.src[end] == "\\" or ord(self.src[end]) > 127)
-                ):
-                    self.i = end
-                    self.tokens.append(Token("name", match.group(), line))
-                else:
-                    self.tokens.append(Token("name", self.name(), line))
-            elif ch.isdigit():
-                match = _NUMBER.match(self.src, self.i)
-                assert match is not None
-                self.i += len(match.group())
-                self.tokens.append(Token("num", match.group(), line))
-            else:
-                found = _PUNCT_RE.match(self.src, self.i)
-                punct = found.group() if found else ch
-                self.i += len(punct)
-                if punct == "{":
-                    self.braces.append("{")
-                elif punct == "}" and self.braces:
-                    self.braces.pop()
-                self.tokens.append(Token("punct", "." if punct == "?." else punct, line))
-        if any(b == "`" for b in self.braces):
-            raise self.error("unterminated template literal")
-        return self.tokens
-
-    def string(self, quote: str) -> str:
-        out: list[str] = []
-        while True:
-            if self.i >= len(self.src) or self.src[self.i] == "\n":
-                raise self.error("unterminated string")
-            ch = self.char()
-            if ch == quote:
-                return "".join(out)
-            out.append(self.escape() if ch == "\\" else ch)
-
-    def template(self, line: int) -> None:
-        """Literal text up to the closing backtick or the next ``${`` (whose code follows)."""
-        out = []
-        while True:
-            if self.i >= len(self.src):
-                raise self.error("unterminated template literal")
-            ch = self.char()
-            if ch == "`":
-                break
-            if ch == "\\":
-                out.append(self.escape())
-            elif ch == "$" and self.src.startswith("{", self.i):
-                self.i += 1
-                self.braces.append("`")
-                break
-            else:
-                out.append(ch)
-        self.tokens.append(Token("str", "".join(out), line))
-
-    def regex(self, line: int) -> None:
-        in_class = False
-        while True:
-            if self.i >= len(self.src) or self.src[self.i] == "\n":
-                raise self.error("unterminated regular expression")
-            ch = self.char()
-            if ch == "\\":
-                self.char()
-            elif ch == "[":
-                in_class = True
-            elif ch == "]":
-                in_class = False
-            elif ch == "/" and not in_class:
-                break
-        while self.i < len(self.src) and self.src[self.i].isalpha():
-            self.i += 1
-        self.tokens.append(Token("regex", "", line))
-
-    def name(self) -> str:
-        out = []
-        while self.i < len(self.src):
-            ch = self.src[self.i]
-            if ch == "\\" and self.src.startswith("\\u", self.i):
-                self.i += 1
-                out.append(self.escape())
-            elif ch.isalnum() or ch in "_$" or ord(ch) > 127:
-                out.append(self.char())
-            else:
-                break
-        return "".join(out)
 
 
 def _module(spec: str) -> str:
-    return spec.removeprefix("node:").split("/", 1)[0]
+    parts = spec.removeprefix("node:").split("/", 2)
+    return "/".join(parts[:2]) if parts[0].startswith("@") else parts[0]
+
+
+def _spec_danger(spec: str) -> str | None:
+    """Why loading the specifier ``spec`` runs something other than a module on disk."""
+    lower = spec.lower()
+    if lower.startswith("data:") and ("javascript" in lower or "ecmascript" in lower):
+        return f"{spec[:40]!r} is a data: URL, so its code is a string"
+    if lower.startswith(("http://", "https://")):
+        return f"{spec[:60]!r} is remote code"
+    if lower.endswith(".node"):
+        return f"{spec!r} is a native addon"
+    return None
+
+
+def _fs_danger(method: str, path: str) -> tuple[str, str] | None:
+    """A finding for ``fs.<method>(path)`` on a literal path outside the workspace."""
+    path = normalize_path(path)
+    if method in FS_DELETERS:
+        bare = path.rstrip("/") or "/"
+        if (
+            bare in ("/", "~", ".", "..")
+            or bare.startswith("../")
+            or (bare.startswith(("/", "~")) and not bare.startswith(("/workspace/", "/tmp/")))
+        ):
+            return "delete", f"{method}() deletes {path!r}"
+        return None
+    if path.startswith(_KERNEL_PATHS) and not path.startswith(_SAFE_DEVICES):
+        return "device-write", f"{method}() writes to the kernel or device file {path}"
+    if path.startswith(_SYSTEM_DIRS):
+        return "system-write", f"{method}() writes to the system file {path}"
+    return None
 
 
 def _matching(tokens: list[Token], i: int) -> int:
@@ -320,7 +201,7 @@ def _assembled(tokens: list[Token], i: int) -> tuple[str, int] | None:
     return None
 
 
-def _scan(tokens: list[Token]) -> list[Finding]:
+def _scan(tokens: list[Token], depth: int = 0) -> list[Finding]:
     findings: list[Finding] = []
     global_names, loaders, creators = _aliases(tokens)
 
@@ -332,7 +213,9 @@ def _scan(tokens: list[Token]) -> list[Finding]:
 
     def module_ref(tok: Token, spec: Token, end: Token) -> None:
         """``require(spec)`` / ``import(spec)``: literal specs are checked, others are flagged."""
-        if spec.kind == "str" and end.value == ")":
+        if spec.kind == "str" and (why := _spec_danger(spec.value)):
+            add(tok, "import", f"loads native, remote or inline code: {why}")
+        elif spec.kind == "str" and end.value == ")":
             why = DANGEROUS_MODULES.get(_module(spec.value))
             if why:
                 add(tok, "import", f"loads {spec.value}: {why}")
@@ -367,8 +250,38 @@ def _scan(tokens: list[Token]) -> list[Finding]:
             if not ((nxt.value == "." and at(i + 2).value == "name")
                     or nxt.value in ("===", "==", "!==", "!=", "=")):  # fmt: skip
                 add(tok, "eval", ".constructor may reach the Function constructor")
+        elif (
+            tok.kind == "name" and member and tok.value in FS_DELETERS | FS_WRITERS
+            and nxt.value == "(" and at(i + 2).kind == "str"
+            and (fs_why := _fs_danger(tok.value, at(i + 2).value))
+        ):  # fmt: skip
+            add(tok, fs_why[0], fs_why[1])
+        elif (
+            tok.kind == "name" and member and tok.value in FS_SCRIPT_WRITERS and nxt.value == "("
+            and at(i + 2).kind == "str" and at(i + 3).value == "," and at(i + 4).kind == "str"
+            and (language := language_for_path(at(i + 2).value, at(i + 4).value))
+        ):  # fmt: skip
+            # A script written from fixed text runs exactly that text when it is run.
+            for f in analyze_code(language, at(i + 4).value, depth=depth + 1):
+                add(tok, f.construct, f"in the script written to {at(i + 2).value}: {f.detail}")
+        elif member and tok.value in RUNTIME_MEMBERS.get(at(i - 2).value, ()):
+            add(tok, "call", f"{at(i - 2).value}.{tok.value} runs programs or native code")
+        elif (
+            tok.kind == "name" and member and tok.value in TIMERS
+            and at(i - 2).value in global_names
+            and (nxt.kind == "str" or (nxt.value == "(" and at(i + 2).kind == "str"))
+        ):  # fmt: skip
+            add(tok, "eval", f"{tok.value}() with a string runs it as code")
+        elif (
+            tok.kind == "name" and member and tok.value == "cache" and at(i - 2).value in loaders
+            and nxt.value in (")", ",") and at(i - 3).value in ("(", ",")
+        ):  # fmt: skip
+            add(tok, "escape", "require.cache handed to a function reaches every loaded module")
         elif tok.kind == "name" and member and tok.value in DANGEROUS_MEMBERS:
-            add(tok, "call", f".{tok.value}: {DANGEROUS_MEMBERS[tok.value]}")
+            # The receiver is part of the finding: approving pool.spawn() never approves
+            # spawn() on another object.
+            receiver = at(i - 2).value if at(i - 2).kind in ("name", "str") else at(i - 2).kind
+            add(tok, "call", f".{tok.value} on {receiver}: {DANGEROUS_MEMBERS[tok.value]}")
         elif tok.kind == "name" and member:
             if tok.value in LOADERS and nxt.value == "(":
                 module_ref(tok, at(i + 2), at(i + 3))
@@ -385,6 +298,26 @@ def _scan(tokens: list[Token]) -> list[Finding]:
                     "up a global by name")  # fmt: skip
             elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
                 add(tok, "escape", f".{tok.value} reaches past the module system")
+        elif tok.kind == "name" and tok.value == "ShadowRealm" and not member:
+            add(tok, "eval", "ShadowRealm.evaluate() runs a string as code")
+        elif tok.kind == "name" and tok.value == "with" and nxt.value == "(":
+            add(tok, "computed-name", "a with statement makes every bare name a lookup on an "
+                "object the scan cannot follow")  # fmt: skip
+        elif tok.kind == "name" and tok.value == "constructor" and nxt.value != "(":
+            # const { constructor: F } = fn, or { constructor } = fn: the Function constructor.
+            add(tok, "eval", "destructures constructor, which may be the Function constructor")
+        elif (
+            tok.kind == "punct"
+            and tok.value == "="
+            and prev.value == "}"
+            and (nxt.value in global_names and at(i + 2).value not in (".", "[", "("))
+        ):
+            # The pattern's own "{", looked for nearby only (a pattern is short).
+            start = next((j for j in range(i - 1, max(i - 200, 0) - 1, -1)
+                          if tokens[j].value == "{"), i)  # fmt: skip
+            for key in tokens[start:i]:
+                if key.kind == "name" and key.value in REFLECTED | DANGEROUS_MEMBERS.keys():
+                    add(key, "escape", f"destructures {key.value} from {nxt.value}")
         elif tok.kind == "name":
             if nxt.value == ":" and prev.value in ("{", ",") and tok.value != "Function":
                 if tok.value == "eval" and at(i + 2).value != "false":
@@ -411,6 +344,8 @@ def _scan(tokens: list[Token]) -> list[Finding]:
                 why = DANGEROUS_MODULES.get(_module(nxt.value))
                 if why:
                     add(tok, "import", f"imports {nxt.value}: {why}")
+                elif why := _spec_danger(nxt.value):
+                    add(tok, "import", f"imports native, remote or inline code: {why}")
             elif tok.value in TIMERS and nxt.kind == "str":
                 add(tok, "eval", f"{tok.value} with a tagged template runs it as code")
             elif tok.value in TIMERS and nxt.value == "(" and at(i + 2).kind == "str":
@@ -442,6 +377,8 @@ def _scan(tokens: list[Token]) -> list[Finding]:
                 "import",
                 f"names the module {tok.value}: {DANGEROUS_MODULES[_module(tok.value)]}",
             )
+        elif tok.kind == "str" and (why := _spec_danger(tok.value)) and "data:" in why:
+            add(tok, "eval", f"a data: URL holds code as a string: {tok.value[:40]!r}")
         elif tok.kind == "str" and tok.value in TELLTALE_STRINGS:
             add(tok, "escape", f"the string {tok.value!r} names a way to run code")
         elif tok.kind == "str" and not (prev.value == "+" and at(i - 2).kind == "str"):
@@ -455,7 +392,8 @@ def _scan(tokens: list[Token]) -> list[Finding]:
 def analyze(code: str, *, depth: int = 0) -> list[Finding]:
     """Findings for JavaScript ``code``; code that does not tokenize is one ``unparseable``."""
     try:
-        tokens = _Tokenizer(code).run()
+        tokens = Tokenizer(code).run()
     except JSSyntaxError as exc:
         return [Finding("unparseable", f"JavaScript that does not parse ({exc})", exc.line)]
-    return sorted(set(_scan(tokens)), key=lambda f: (f.line or 0, f.construct, f.detail))
+    findings = _scan(tokens, depth)
+    return sorted(set(findings), key=lambda f: (f.line or 0, f.construct, f.detail))

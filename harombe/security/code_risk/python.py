@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 
 from harombe.security.code_risk import Finding
 from harombe.security.code_risk.python_names import (
@@ -23,6 +24,7 @@ from harombe.security.code_risk.python_names import (
     DANGEROUS_MODULES,
     DANGEROUS_PREFIXES,
     DYNAMIC_BUILTINS,
+    ENVIRONMENT_BUILTINS,
     ESCAPE_ATTRIBUTES,
     EXEC_PREFIXES,
     HARMLESS_MEMBERS,
@@ -31,10 +33,11 @@ from harombe.security.code_risk.python_names import (
     NAMESPACE_CALLS,
     REFLECTION_BUILTINS,
 )
-
-#: Device and kernel files a write to which is never data processing.
-_SAFE_DEVICES = ("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/shm/")
-_KERNEL_PATHS = ("/dev/", "/proc/", "/sys/")
+from harombe.security.code_risk.python_paths import (
+    PathChecks,
+)
+from harombe.security.code_risk.python_paths import argument as _argument
+from harombe.security.code_risk.python_paths import const_str as _const_str
 
 
 @functools.lru_cache(maxsize=4096)  # the same dotted names recur throughout a module
@@ -68,12 +71,6 @@ def _leaf_danger(name: str) -> str | None:
     return None
 
 
-def _const_str(node: ast.AST | None) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    return None
-
-
 #: Calls whose result is the module named by their first argument.
 _IMPORTERS = ("builtins.__import__", "importlib.import_module", "importlib.__import__")
 
@@ -91,14 +88,26 @@ def _literal_element(container: ast.AST, key: ast.AST) -> ast.AST | None:
     return None
 
 
+#: A dotted name written as a string (``"os.system"``, ``"subprocess:Popen"``).
+_DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*[.:][A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+
 _BINDING_NODES = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.NamedExpr)
 
 
-class _Analyzer:
-    def __init__(self) -> None:
+class _Analyzer(PathChecks):
+    def __init__(self, depth: int = 0) -> None:
+        self.depth = depth
+        #: Names bound by ``with open(<literal path>, …) as f``: the path each writes to.
+        self.file_paths: dict[str, str] = {}
         self.aliases: dict[str, str] = {}
         self.findings: list[Finding] = []
         self.called: set[int] = set()  # ids of nodes that are the function of a call
+        #: Modules star-imported (``from m import *``): their names arrive unseen.
+        self.star_modules: set[str] = set()
+        #: Module namespaces used as data (``vars(os)``, ``sys.modules``), and the ids of those
+        #: that are only read by a constant key, which the lookup itself judges.
+        self.exposures: list[tuple[ast.AST, str]] = []
+        self.keyed: set[int] = set()
 
     def report(self, node: ast.AST, construct: str, detail: str) -> None:
         self.findings.append(Finding(construct, detail, getattr(node, "lineno", None)))
@@ -112,12 +121,20 @@ class _Analyzer:
                 return "builtins"
             if node.id in self.aliases:
                 return self.aliases[node.id]
-            if node.id in DYNAMIC_BUILTINS or node.id in REFLECTION_BUILTINS:
+            if (
+                node.id in DYNAMIC_BUILTINS
+                or node.id in REFLECTION_BUILTINS
+                or node.id in ENVIRONMENT_BUILTINS
+            ):
                 return f"builtins.{node.id}"
             return None
         if isinstance(node, ast.Attribute):
             base = self.qualname(node.value)
-            return f"{base}.{node.attr}" if base else None
+            if not base:
+                return None
+            # os.sys.modules and json.decoder.re.sys.modules are sys.modules.
+            dotted = f"{base}.{node.attr}"
+            return "sys.modules" if dotted.endswith(".sys.modules") else dotted
         if isinstance(node, ast.NamedExpr):
             return self.qualname(node.value)
         if isinstance(node, ast.Subscript):
@@ -125,12 +142,17 @@ class _Analyzer:
             if self.qualname(node.value) == "sys.modules":
                 key = _const_str(node.slice)
                 return _canonical(key) if key else None
+            # vars(m)["f"] and m.__dict__["f"] are m.f.
+            if self._is_namespace(node.value) and (key := _const_str(node.slice)):
+                owner = self._namespace_module(node.value)
+                if owner:
+                    return f"{owner}.{key}"
             # [os][0], (os,)[0] and {"m": os}["m"] are the os module.
             element = _literal_element(node.value, node.slice)
             return self.qualname(element) if element is not None else None
         if isinstance(node, ast.Call):
             func = self.qualname(node.func)
-            arg = _const_str(node.args[0]) if node.args else None
+            arg = _const_str(_argument(node, 0, "name"))
             if func in _IMPORTERS and arg:
                 return _canonical(arg)
             if func == "sys.modules.get" and arg:
@@ -159,6 +181,7 @@ class _Analyzer:
                     module = _canonical(node.module)
                     for alias in node.names:
                         if alias.name == "*":
+                            self.star_modules.add(module)
                             for name in DANGEROUS_CALLABLES:
                                 mod, _, attr = name.rpartition(".")
                                 if mod == module:
@@ -204,15 +227,43 @@ class _Analyzer:
                 why = _describe(qualname) if qualname else None
                 if why:
                     self.report(node, "call", why)
+                elif qualname == "sys.modules":
+                    self.exposures.append((node, "sys.modules"))
+                elif (
+                    qualname is not None
+                    and (leaf_why := _leaf_danger(qualname.rsplit(".", 1)[-1]))
+                    and _canonical(qualname) not in HARMLESS_MEMBERS
+                ):
+                    # from anylib import run_setup: a dangerous name imported from anywhere.
+                    self.report(node, "call", f"{node.id} ({qualname}): {leaf_why}")
+                elif (
+                    self.star_modules
+                    and qualname is None
+                    and (star_why := self._star_danger(node.id))
+                ):
+                    self.report(node, "call", f"{node.id} (from a star import): {star_why}")
                 elif qualname == "builtins.getattr" and id(node) not in self.called:
                     # reduce(getattr, ["system"], os): the names it looks up are data.
                     self.report(node, "computed-name", "getattr passed as a value looks up "
                                 "names the scan cannot see")  # fmt: skip
 
+    def _star_danger(self, name: str) -> str | None:
+        """Why a bare ``name`` is dangerous when a star import may have bound it: judged as a
+        member of each star-imported module, and by its own name (an unknown module may
+        re-export anything)."""
+        for module in self.star_modules:
+            if why := _describe(f"{module}.{name}"):
+                return why
+        return _leaf_danger(name)
+
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        if node.attr == "__dict__" and (owner := self.qualname(node.value)):
+            self.exposures.append((node, f"{owner}.__dict__"))
         if node.attr in ESCAPE_ATTRIBUTES:
             self.report(node, "escape", f"{node.attr} climbs out to builtins or raw code")
         qualname = self.qualname(node)
+        if qualname == "sys.modules":
+            self.exposures.append((node, "sys.modules"))
         why = _describe(qualname) if qualname else None
         # The base is reported on its own (an imported dangerous module); report the member
         # only when the danger starts here, so one use is one finding.
@@ -225,8 +276,10 @@ class _Analyzer:
             and (qualname is None or _canonical(qualname) not in HARMLESS_MEMBERS)
         ):
             # Anything may be a module here (a list element, a function's result, another
-            # module's re-export): a dangerous name is judged by the name.
-            self.report(node, "call", f".{node.attr}: {leaf_why}")
+            # module's re-export): a dangerous name is judged by the name. The receiver is part
+            # of the finding, so approving ``job.spawn()`` never approves ``[os][0].spawn()``.
+            receiver = _source(node.value)
+            self.report(node, "call", f".{node.attr} on {receiver}: {leaf_why}")
 
     def _is_namespace(self, value: ast.AST) -> bool:
         """Whether ``value`` is a namespace of names: ``globals()``, ``vars(m)``, ``m.__dict__``,
@@ -242,9 +295,12 @@ class _Analyzer:
         value = node.value
         if self._is_namespace(value):
             key = _const_str(node.slice)
+            if key is not None:
+                self.keyed.add(id(value))
             module = self._namespace_module(value)
             if key is None:
-                self.report(node, "computed-name", "looks up a name computed at run time")
+                self.report(node, "computed-name", f"{_source(value)}[…] looks up a name "
+                            "computed at run time")  # fmt: skip
             elif key in DYNAMIC_BUILTINS or key in ESCAPE_ATTRIBUTES or _describe(key):
                 self.report(node, "escape", f"looks up {key!r} by name")
             elif module and (why := _describe(f"{module}.{key}")):
@@ -258,8 +314,48 @@ class _Analyzer:
             return self.qualname(value.args[0]) if value.func.id == "vars" else None
         return None
 
+    def visit_Constant(self, node: ast.Constant) -> None:
+        # "os.system" or "os:system" as data: dictConfig's "()", hydra's _target_,
+        # pydoc.locate and pkgutil.resolve_name turn such a string into the callable.
+        if isinstance(node.value, str) and _DOTTED.fullmatch(node.value):
+            name = node.value.replace(":", ".")
+            # Judged from its first part: "build.sh" is a file name, not the sh module.
+            if (why := _describe_exact(name)) and _canonical(name) not in HARMLESS_MEMBERS:
+                self.report(node, "callable-name", f"the string {node.value!r} names a "
+                            f"callable a loader can resolve: {why}")  # fmt: skip
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        # "numpy" in sys.modules asks whether a name is there; it reaches nothing.
+        for op, comparator in zip(node.ops, node.comparators, strict=True):
+            if isinstance(op, ast.In | ast.NotIn):
+                self.keyed.add(id(comparator))
+
+    def report_exposures(self) -> None:
+        """Namespaces used other than by a constant key: iterated, copied or passed on, they
+        hand out every member (``system`` included) to names the scan cannot read."""
+        for node, what in self.exposures:
+            if id(node) not in self.keyed:
+                self.report(node, "namespace", f"{what} used as data exposes every member of "
+                            "the namespace to names computed at run time")  # fmt: skip
+
     def visit_Call(self, node: ast.Call) -> None:
         func = self.qualname(node.func)
+        if (
+            isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "keys")
+            and (node.func.attr == "keys" or (node.args and _const_str(node.args[0]) is not None))
+        ):
+            self.keyed.add(id(node.func.value))  # sys.modules.get("json")
+        if (
+            isinstance(node.func, ast.Name) and node.func.id == "vars" and node.args
+            and (owner := self.qualname(node.args[0]))
+        ):  # fmt: skip
+            self.exposures.append((node, f"vars({owner})"))
+        if func == "inspect.getmembers" and node.args and self.qualname(node.args[0]):
+            self.report(node, "namespace", "inspect.getmembers() on a module hands out every "
+                        "member, system included")  # fmt: skip
+        self._check_paths(node, func)
+        self._check_written_script(node)
         if func == "yaml.load" and not any(
             kw.arg == "Loader" and (self.qualname(kw.value) or "").endswith("SafeLoader")
             for kw in node.keywords
@@ -281,7 +377,8 @@ class _Analyzer:
             base = node.args[0]
             on_module = self.qualname(base) is not None
             if attr is None and on_module:
-                self.report(node, "computed-name", "getattr() on a module with a computed name")
+                self.report(node, "computed-name", f"getattr() on {self.qualname(base)} with a "
+                            "computed name")  # fmt: skip
             elif attr is not None and attr in ESCAPE_ATTRIBUTES:
                 self.report(node, "escape", f"getattr() fetches {attr}")
             elif attr is not None and not on_module and (leaf_why := _leaf_danger(attr)):
@@ -304,35 +401,18 @@ class _Analyzer:
                     or _leaf_danger(leaf or "")
                 ):
                     self.report(node, "escape", f"{func}({name!r}) reaches {name} by name")
-        if func == "importlib.import_module" and node.args:
-            name = _const_str(node.args[0])
+        if func == "importlib.import_module" and (module_arg := _argument(node, 0, "name")):
+            name = _const_str(module_arg)
             if name is None:
                 self.report(node, "computed-name", "imports a module whose name is computed")
             elif why := _describe(_canonical(name)) or IMPORT_FINDINGS.get(name):
                 self.report(node, "import", f"imports {name}: {why}")
-        if isinstance(node.func, ast.Name) and node.func.id == "open" and node.args:
-            self._check_open(node)
-        if func == "shutil.rmtree" and node.args:
-            path = _const_str(node.args[0])
-            if path is not None and _is_system_path(path):
-                self.report(node, "delete", f"shutil.rmtree() deletes {path!r}")
 
-    def _check_open(self, node: ast.Call) -> None:
-        path = _const_str(node.args[0])
-        mode_node = (
-            node.args[1]
-            if len(node.args) > 1
-            else next((kw.value for kw in node.keywords if kw.arg == "mode"), None)
-        )
-        mode = _const_str(mode_node) or "r"
-        writing = any(flag in mode for flag in "wax+")
-        if (
-            path
-            and writing
-            and path.startswith(_KERNEL_PATHS)
-            and not path.startswith(_SAFE_DEVICES)
-        ):
-            self.report(node, "device-write", f"writes to the kernel or device file {path}")
+
+def _source(node: ast.AST) -> str:
+    """Short source text of an expression, for naming it in a finding."""
+    text = ast.unparse(node)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _is_dangerous_leaf(name: str | None) -> bool:
@@ -348,13 +428,6 @@ def _canonical(module: str) -> str:
     return MODULE_ALIASES.get(top, top) + dot + rest
 
 
-def _is_system_path(path: str) -> bool:
-    stripped = path.rstrip("/") or "/"
-    if stripped in ("/", "~", "."):
-        return True
-    return stripped.startswith("/") and not stripped.startswith(("/workspace/", "/tmp/"))
-
-
 def analyze(code: str, *, depth: int = 0) -> list[Finding]:
     """Findings for Python ``code``; code that does not parse is one ``unparseable`` finding."""
     try:
@@ -363,8 +436,15 @@ def analyze(code: str, *, depth: int = 0) -> list[Finding]:
         line = getattr(exc, "lineno", None)
         message = getattr(exc, "msg", None) or str(exc)
         return [Finding("unparseable", f"Python that does not parse ({message})", line)]
-    analyzer = _Analyzer()
+    analyzer = _Analyzer(depth)
     nodes = list(ast.walk(tree))
+    for node in nodes:
+        if isinstance(node, ast.With | ast.AsyncWith):
+            for item in node.items:
+                if isinstance(item.optional_vars, ast.Name) and (
+                    path := analyzer.opened_path(item.context_expr)
+                ):
+                    analyzer.file_paths[item.optional_vars.id] = path
     analyzer.collect_aliases(nodes)
     analyzer.called = {id(n.func) for n in nodes if isinstance(n, ast.Call)}
     visitors = {
@@ -374,11 +454,14 @@ def analyze(code: str, *, depth: int = 0) -> list[Finding]:
         ast.Attribute: analyzer.visit_Attribute,
         ast.Subscript: analyzer.visit_Subscript,
         ast.Call: analyzer.visit_Call,
+        ast.Compare: analyzer.visit_Compare,
+        ast.Constant: analyzer.visit_Constant,
     }
     for node in nodes:
         visit = visitors.get(type(node))
         if visit is not None:
             visit(node)  # type: ignore[operator]
+    analyzer.report_exposures()
     return _dedupe(analyzer.findings)
 
 

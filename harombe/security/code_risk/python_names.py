@@ -38,6 +38,16 @@ DANGEROUS_MODULES = {
     "cPickle": "pickle loading can call any function",
     "dill": "dill loading can call any function",
     "cloudpickle": "cloudpickle loading can call any function",
+    "shelve": "shelve loads pickles, which can call any function",
+    "invoke": "invoke runs shell commands",
+    "fabric": "fabric runs shell commands",
+    "sarge": "sarge runs shell commands",
+    "envoy": "envoy runs shell commands",
+    "delegator": "delegator runs shell commands",
+    "commands": "commands runs shell commands",
+    "popen2": "popen2 runs shell commands",
+    "pip": "pip installs packages, running their build code",
+    "ensurepip": "ensurepip runs pip, which runs package build code",
 }
 #: Modules whose import is a finding though their members are judged one by one (bare builtin
 #: names resolve to ``builtins.*`` too, and ``getattr`` is not dangerous).
@@ -97,12 +107,27 @@ DANGEROUS_CALLABLES = {
     "os.forkpty": "os.forkpty() starts another process on a terminal",
     "os.startfile": "os.startfile() runs another program",
     "multiprocessing.util.spawnv_passfds": "spawnv_passfds() runs another program",
+    "multiprocessing.set_executable": "set_executable() makes multiprocessing run a program",
+    "gc.get_objects": "gc.get_objects() reaches every object, modules included",
+    "numpy.ctypeslib.load_library": "load_library() loads a native library",
+    "pydoc.pager": "pydoc.pager() runs the $PAGER shell command",
+    "pydoc.getpager": "pydoc.getpager() runs the $PAGER shell command",
+    "IPython.get_ipython": "get_ipython() reaches IPython's system() and run_cell()",
+    "IPython.core.getipython.get_ipython": "get_ipython() reaches IPython's system() and "
+    "run_cell()",
+    "builtins.get_ipython": "get_ipython() reaches IPython's system() and run_cell()",
     **{f"builtins.{name}": why for name, why in DYNAMIC_BUILTINS.items()},
 }
 DANGEROUS_PREFIXES = {
     "os.exec": "os.exec*() replaces the process with another program",
     "os.spawn": "os.spawn*() runs another program",
     "os.posix_spawn": "os.posix_spawn() runs another program",
+    "os.fexecve": "os.fexecve() replaces the process with another program",
+    "pickle.load": "pickle loading can call any function",
+    "pickle._load": "pickle loading can call any function",
+    "pickle.Unpickler": "pickle.Unpickler can call any function while loading",
+    "pickle._Unpickler": "pickle.Unpickler can call any function while loading",
+    "marshal.load": "marshal loads raw code objects",
 }
 #: ``posix`` is what ``os`` re-exports on Linux; the others are its private spellings.
 MODULE_ALIASES = {"posix": "os", "nt": "os", "_os": "os", "_subprocess": "subprocess"}
@@ -149,8 +174,16 @@ DANGEROUS_LEAVES = {
     "unsafe_load": "unsafe_load() can build any object",
     "_getframe": "_getframe() reaches other frames' globals",
     "__loader__": "__loader__ loads and runs modules",
+    "set_executable": "set_executable() makes multiprocessing run another program",
+    "run_setup": "run_setup() runs a package's build script",
+    "run_cell": "run_cell() runs a string as code in IPython",
+    "run_line_magic": "run_line_magic() runs IPython magics, shell commands included",
+    "run_cell_magic": "run_cell_magic() runs IPython magics, shell commands included",
+    "system_raw": "system_raw() runs a shell command",
+    "get_ipython": "get_ipython() reaches IPython's system() and run_cell()",
+    "load_library": "load_library() loads a native library",
 }
-EXEC_PREFIXES = ("execl", "execv", "spawnl", "spawnv", "posix_spawn", "popen")
+EXEC_PREFIXES = ("execl", "execv", "fexecve", "spawnl", "spawnv", "posix_spawn", "popen")
 #: Module members whose names collide with :data:`DANGEROUS_LEAVES` but do no harm.
 HARMLESS_MEMBERS = {"platform.system", "platform.uname", "os.uname"}
 #: Attributes used to climb out of a namespace to builtins or to raw code.
@@ -158,7 +191,18 @@ ESCAPE_ATTRIBUTES = {
     "__subclasses__", "__globals__", "__builtins__", "__code__", "__closure__", "__mro__",
     "__bases__", "__base__", "__getattribute__", "__reduce__", "__reduce_ex__",
     "f_globals", "f_builtins", "f_locals", "f_back", "gi_frame", "gi_code", "cr_frame",
-    "ag_frame", "tb_frame", "func_globals",
+    "ag_frame", "tb_frame", "func_globals", "__self__", "__objclass__",
 }  # fmt: skip
+#: Names that, without an import, are bound by the environment the code may run in.
+ENVIRONMENT_BUILTINS = {"get_ipython"}
+#: Calls that delete the path they are given (first argument or ``path=``).
+DELETERS = {"shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.removedirs"}
+#: Calls that move their first argument away (from a system directory, a deletion there).
+MOVERS = {"shutil.move", "os.rename", "os.replace", "os.renames"}
+#: Path methods that delete or write the path the object was built from.
+PATH_DELETERS = {"unlink", "rmdir"}
+PATH_WRITERS = {"write_text", "write_bytes", "touch", "symlink_to", "hardlink_to"}
+#: Constructors of path objects whose first argument is the path.
+PATH_CLASSES = {"pathlib.Path", "pathlib.PosixPath", "pathlib.PurePath", "pathlib.PurePosixPath"}
 #: Callables whose result, subscripted, is a namespace of names.
 NAMESPACE_CALLS = {"globals", "vars", "locals", "dir"}

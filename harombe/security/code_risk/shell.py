@@ -11,106 +11,51 @@ from __future__ import annotations
 
 import re
 
-from harombe.security.code_risk import Finding, analyze_code
-from harombe.security.code_risk.shell_syntax import Command, ShellSyntaxError, Word, parse
-
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "rbash"}
-PYTHONS = re.compile(r"^python(\d+(\.\d+)?)?$")
-NODES = {"node", "nodejs"}
-OPAQUE_INTERPRETERS = {"perl", "ruby", "php", "lua", "tclsh", "awk", "gawk", "mawk"}
-DOWNLOADERS = {"curl", "wget", "fetch", "aria2c", "nc", "ncat", "netcat", "socat"}
-#: Commands that run the rest of their arguments as a command; value: options taking a value.
-WRAPPERS: dict[str, set[str]] = {
-    "sudo": {"-u", "-g", "-C", "-D"}, "doas": {"-u"}, "command": set(), "builtin": set(),
-    "exec": {"-a"}, "env": {"-u", "-C", "-S"}, "nohup": set(), "nice": {"-n"}, "time": set(),
-    "timeout": {"-s", "-k"}, "stdbuf": {"-i", "-o", "-e"}, "setsid": set(), "xargs":
-    {"-I", "-n", "-P", "-L", "-s", "-d", "-a", "-E"}, "busybox": set(), "chroot": set(),
-    "unbuffer": set(), "ionice": {"-c", "-n"}, "taskset": set(), "flock": set(),
-    "parallel": set(), "watch": {"-n"}, "strace": {"-o", "-e"}, "nsenter": set(),
-    "unshare": set(), "setpriv": set(), "runuser": {"-u"}, "su": {"-c"}, "script": set(),
-}  # fmt: skip
-#: Wrappers whose first non-option argument is not the command (a duration, a directory…).
-WRAPPER_POSITIONAL = {"timeout": 1, "chroot": 1, "taskset": 1, "flock": 1}
-KEYWORDS = {"if", "then", "else", "elif", "do", "while", "until", "{", "!", "time", "[[", "coproc"}
-SKIP_COMMANDS = {"for", "select", "case", "function", "fi", "done", "esac", "}", "in", "]]"}
-SAFE_DEVICES = ("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/fd/",
-                "/dev/shm/")  # fmt: skip
-DISK_TOOLS = {"mkfs", "fdisk", "sfdisk", "parted", "wipefs", "shred", "mkswap", "mke2fs",
-              "blkdiscard", "sgdisk", "gdisk", "cfdisk", "badblocks", "hdparm"}  # fmt: skip
-#: Commands that delete what they are given; run in bulk (``xargs``, ``find -exec``) they are
-#: as broad as ``rm -rf``.
-DELETERS = {"rm", "unlink", "shred", "rmdir"}
-#: Interpreters and commands whose inline code fetching something makes later runs suspect.
-_FETCH_WORDS = re.compile(
-    r"urlretrieve|urlopen|requests\.|httpx|urllib|http\.get|https?://|fetch\(|socket|"
-    r"\bcurl\b|\bwget\b|download",
-    re.IGNORECASE,
+from harombe.security.code_risk import Finding, analyze_code, language_for_path, normalize_path
+from harombe.security.code_risk.shell_programs import (
+    BRACE,
+    COMMAND_STRING_OPTIONS,
+    DELETERS,
+    DISK_TOOLS,
+    DOWNLOADERS,
+    EXTRACTORS,
+    FETCH_WORDS,
+    NODES,
+    OPAQUE_INTERPRETERS,
+    PRELOAD_VARIABLES,
+    PYTHON_VALUE_OPTIONS,
+    PYTHONS,
+    REMOTE_COPIERS,
+    SAFE_DEVICES,
+    SHELL_VALUE_OPTIONS,
+    SHELLS,
+    SOCKET_EXEC,
+    STANDARD_BINS,
+    STDIN_FILES,
+    SYSTEM_DIRS,
+    TAR_COMMAND_OPTIONS,
+    download_targets,
+    expand_braces,
+    literal_output,
+    prog,
+    sed_executes,
+    sed_scripts,
+    unwrap,
+    via_xargs,
+    xargs_placeholder,
 )
-#: Commands that fetch files whose names the scan does not track (clones, copies from hosts).
-REMOTE_COPIERS = {"git", "scp", "sftp", "ftp", "tftp", "rsync", "svn", "hg", "lftp"}
-#: Commands that unpack an archive: fed something downloaded, what they write was downloaded.
-EXTRACTORS = {"tar", "bsdtar", "unzip", "gunzip", "gzip", "bunzip2", "bzip2", "xz", "unxz",
-              "zstd", "7z", "cpio", "base64", "openssl", "uudecode"}  # fmt: skip
-_STANDARD_BINS = ("/bin/", "/usr/bin/", "/usr/local/bin/", "/sbin/", "/usr/sbin/")
-#: Where a write or truncation damages the system rather than data.
-_SYSTEM_DIRS = ("/etc", "/bin", "/sbin", "/usr", "/lib", "/lib64", "/boot", "/root", "/var")
-_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\[[^]]*\])?\+?=")
-
-
-def _via_xargs(words: list[Word]) -> bool:
-    """Whether the command runs through ``xargs`` (once per input item, in bulk)."""
-    stripped = _strip(words)
-    for word in words[: len(words) - len(stripped)]:
-        if _name(word) in ("xargs", "parallel") and not word.dynamic:
-            return True
-    return False
-
-
-def _strip(words: list[Word]) -> list[Word]:
-    """The words from the command that actually runs: assignments, keywords, wrappers dropped."""
-    i = 0
-    while i < len(words):
-        text = words[i].text
-        name = text.rsplit("/", 1)[-1]
-        if _ASSIGNMENT.match(text) or text in KEYWORDS:
-            i += 1
-        elif text in SKIP_COMMANDS and not words[i].dynamic:
-            return []
-        elif name in WRAPPERS and not words[i].dynamic:
-            takes_value = WRAPPERS[name]
-            positional = WRAPPER_POSITIONAL.get(name, 0)
-            i += 1
-            while i < len(words):
-                arg = words[i].text
-                if arg == "--":
-                    i += 1
-                    break
-                if arg.startswith("-") and len(arg) > 1:
-                    i += 2 if arg in takes_value else 1
-                elif name == "env" and _ASSIGNMENT.match(arg):
-                    i += 1
-                elif positional:
-                    positional -= 1
-                    i += 1
-                else:
-                    break
-        else:
-            return words[i:]
-    return []
-
-
-def _name(word: Word) -> str:
-    return word.text.rsplit("/", 1)[-1]
+from harombe.security.code_risk.shell_syntax import Command, ShellSyntaxError, Word, parse
 
 
 def _is_system_path(text: str) -> bool:
-    path = text.rstrip("/") or "/"
+    path = normalize_path(text).rstrip("/") or "/"
     if path in ("/", "/*", "~", "~/*", ".", "./*", "..", "*") or path.startswith(("~/", "../")):
         return True
     return path.startswith("/") and not path.startswith(("/workspace/", "/tmp/"))
 
 
 def _is_device(text: str) -> bool:
+    text = normalize_path(text)
     return text.startswith(("/dev/", "/proc/sys", "/proc/sysrq", "/sys/")) and not text.startswith(
         SAFE_DEVICES
     )
@@ -121,7 +66,8 @@ def _base(text: str) -> str:
 
 
 def _is_system_file(text: str) -> bool:
-    return any(text == d or text.startswith(d + "/") for d in _SYSTEM_DIRS)
+    text = normalize_path(text)
+    return any(text == d or text.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
 class _Analysis:
@@ -132,12 +78,21 @@ class _Analysis:
         self.downloaded: set[str] = set() if downloaded is None else downloaded
         #: Inline code fetched something to a file whose name cannot be read statically.
         self.fetched_unknown = False
+        #: Names made to mean another command (``alias x=rm``, ``ln -s /bin/rm x``): the
+        #: words they stand for.
+        self.renamed: dict[str, list[str]] = {}
+        #: Files this script wrote with fixed text (``cat > x.sh <<EOF``, ``echo … > x``),
+        #: by name; those whose language was known were analyzed when written.
+        self.written: dict[str, str] = {}
+        self.written_analyzed: set[str] = set()
+        #: What ``find -exec`` replaces in the command it runs, while that command is judged.
+        self.placeholder: str | None = None
 
     def add(self, word: Word, construct: str, detail: str) -> None:
         self.findings.append(Finding(construct, detail, word.line))
 
     def nested(self, word: Word, language: str, code: str, context: str) -> None:
-        if language != "shell" and _FETCH_WORDS.search(code):
+        if language != "shell" and FETCH_WORDS.search(code):
             self.fetched_unknown = True
         if language == "shell" and self.depth < 4:
             # Same script state: a file downloaded outside ``bash -c`` and run inside it counts.
@@ -162,11 +117,18 @@ class _Analysis:
     def is_downloaded(self, text: str) -> bool:
         return bool(text) and _base(text) in self.downloaded
 
-    def runs_local_file(self, word: Word, how: str) -> None:
-        """``word`` names a file being run: downloaded by this script, it is CRITICAL."""
+    def runs_local_file(self, word: Word, how: str, language: str | None = "shell") -> None:
+        """``word`` names a file being run: downloaded by this script, it is CRITICAL; written
+        by this script with fixed text, that text is analyzed as ``language``."""
+        base = _base(word.text)
+        if base in self.written and base not in self.written_analyzed and language:
+            self.written_analyzed.add(base)
+            content = self.written[base]
+            language = language_for_path(word.text, content) or language
+            self.nested(word, language, content, f"{how} {word.text}, written by this code")
         if self.is_downloaded(word.text):
             self.add(word, "download-exec", f"{how} {word.text}, which this code downloaded")
-        elif self.fetched_unknown and not word.text.startswith(_STANDARD_BINS):
+        elif self.fetched_unknown and not word.text.startswith(STANDARD_BINS):
             self.add(word, "download-exec", f"{how} {word.text} after this code fetched files")
 
     def command(self, cmd: Command) -> None:
@@ -176,23 +138,35 @@ class _Analysis:
         for op, target in cmd.redirects:
             if op not in ("<", "<<<", "<&") and _is_device(target.text):
                 self.add(target, "device-write", f"redirects output into {target.text}")
-            elif op in (">", ">|", "&>") and _is_system_file(target.text):
+            elif op in (">", ">|", "&>", ">>", "&>>") and _is_system_file(target.text):
                 self.add(target, "system-write", f"overwrites the system file {target.text}")
-        words = _strip(cmd.words)
+        if any(BRACE.match(w.text) for w in cmd.words if not w.dynamic):
+            cmd = Command(expand_braces(cmd.words), cmd.redirects, cmd.heredoc, cmd.piped_in,
+                          cmd.upstream)  # fmt: skip
+        self.command_strings(cmd.words)
+        words = unwrap(cmd.words)
+        self.native_loads(cmd.words, words)
         self.note_fetch_output(cmd, words)
+        self.note_written(cmd, words)
         if not words:
             return
         head, args = words[0], words[1:]
+        meant = self.renamed.get(prog(head)) if not head.dynamic else None
+        if meant and meant[0] != prog(head):
+            # x -rf / after ln -s /bin/rm x is rm -rf /.
+            replaced = [Word(t, head.line) for t in meant] + args
+            self.command(Command(replaced, cmd.redirects, cmd.heredoc, cmd.piped_in, cmd.upstream))
+            return
         if head.dynamic:
             self.add(head, "dynamic-command", "runs a command whose name is computed at run time")
             return
-        name = _name(head)
+        name = prog(head)
         texts = [a.text for a in args]
         if "/" in head.text:
             self.runs_local_file(head, "runs")
         elif self.is_downloaded(head.text):
             self.add(head, "download-exec", f"runs {head.text}, which this code downloaded")
-        if name in DELETERS and _via_xargs(cmd.words):
+        if name in DELETERS and via_xargs(cmd.words):
             self.add(head, "bulk-delete", f"xargs {name} deletes every path it is fed")
         if name == "rm":
             self.rm(head, texts)
@@ -218,9 +192,35 @@ class _Analysis:
             for t in texts:
                 if _is_device(t):
                     self.add(head, "device-write", f"tee writes to {t}")
+                elif _is_system_file(t):
+                    self.add(head, "system-write", f"tee overwrites the system file {t}")
+        elif name in ("alias", "trap") and args:
+            # alias NAME='code' and trap 'code' SIGNAL define code that runs later.
+            for arg in args[:1] if name == "trap" else args:
+                body = arg.text.partition("=")[2] if name == "alias" else arg.text
+                if arg.dynamic:
+                    self.add(arg, "dynamic-script", f"{name} defines code computed at run time")
+                elif body:
+                    self.nested(arg, "shell", body, f"in code defined by {name}")
+                    if name == "alias" and (alias := arg.text.partition("=")[0]):
+                        self.renamed[alias] = body.split()
+        elif name in SOCKET_EXEC and any(
+            t in SOCKET_EXEC[name] or t.split("=", 1)[0] in SOCKET_EXEC[name] for t in texts
+        ):
+            self.add(head, "socket-exec", f"{name} connects a socket to a program it runs")
+        elif name == "socat" and any(
+            t.upper().startswith(("EXEC:", "SYSTEM:")) or ",EXEC:" in t.upper() for t in texts
+        ):
+            self.add(head, "socket-exec", "socat connects a socket to a program it runs")
+        elif name == "sed":
+            self.sed(head, args)
         elif name == "eval":
             self.add(head, "eval", "eval runs a string as shell code")
-        elif name in ("source", ".") and args and args[0].dynamic:
+        elif (
+            name in ("source", ".")
+            and args
+            and (args[0].dynamic or args[0].text.startswith(STDIN_FILES))
+        ):
             self.add(head, "source-dynamic", f"{name} runs a script computed at run time")
         elif name in ("source", ".") and args:
             self.runs_local_file(args[0], name)
@@ -228,27 +228,60 @@ class _Analysis:
             operands = [t for t in texts if not t.startswith("-")]
             if any(self.is_downloaded(t) for t in operands[:-1]):
                 self.downloaded.add(_base(operands[-1]))
+            if len(operands) == 2 and operands[0].startswith(STANDARD_BINS):
+                # A program copied or linked under another name is still that program.
+                self.renamed[_base(operands[1])] = [_base(operands[0])]
         if name in DOWNLOADERS:
             self.note_download(name, texts)
         elif name in REMOTE_COPIERS and (name != "rsync" or any(":" in t for t in texts)):
             self.fetched_unknown |= name != "git" or bool({"clone", "pull", "fetch"} & set(texts))
         elif name in EXTRACTORS and (
             any(self.is_downloaded(t) for t in texts)
-            or any((s := _strip(up.words)) and _name(s[0]) in DOWNLOADERS for up in cmd.upstream)
+            or any((s := unwrap(up.words)) and prog(s[0]) in DOWNLOADERS for up in cmd.upstream)
         ):
             self.fetched_unknown = True  # what it unpacks came from the network
         self.interpreter(cmd, head, name, args)
 
     def note_fetch_output(self, cmd: Command, words: list[Word]) -> None:
         """Files a pipeline with a downloader in it writes (``curl … > f``, ``| tee f``)."""
-        stages = [_strip(up.words) for up in cmd.upstream] + [words]
-        if not any(s and _name(s[0]) in DOWNLOADERS for s in stages):
+        stages = [unwrap(up.words) for up in cmd.upstream] + [words]
+        if not any(s and prog(s[0]) in DOWNLOADERS for s in stages):
             return
         for op, target in cmd.redirects:
             if op in (">", ">>", ">|", "&>", "&>>") and not target.dynamic:
                 self.downloaded.add(_base(target.text))
-        if words and _name(words[0]) == "tee":
+        if words and prog(words[0]) == "tee":
             self.downloaded.update(_base(w.text) for w in words[1:] if not w.text.startswith("-"))
+
+    def note_written(self, cmd: Command, words: list[Word]) -> None:
+        """Scripts written from fixed text (a here-document into ``cat``/``tee``, ``echo`` or
+        ``printf`` redirected into a file): analyzed now when their language shows (by name
+        or ``#!``), else when they are run."""
+        if not words or any(w.dynamic for w in words):
+            return
+        name = prog(words[0])
+        content: str | None = None
+        if name in ("cat", "tee") and cmd.heredoc is not None:
+            content = cmd.heredoc
+        elif name in ("echo", "printf"):
+            texts = [w.text for w in words[1:] if not w.text.startswith("-")]
+            content = " ".join(texts).replace("\\n", "\n")
+        if content is None:
+            return
+        targets = [t for op, t in cmd.redirects if op in (">", ">>", ">|", "&>") and not t.dynamic]
+        if name == "tee":
+            targets += [w for w in words[1:] if not w.text.startswith("-")]
+        for target in targets:
+            base = _base(target.text)
+            self.written[base] = (
+                self.written.get(base, "") + content
+                if any(op == ">>" for op, _ in cmd.redirects)
+                else content
+            )
+            language = language_for_path(target.text, content)
+            if language is not None:
+                self.written_analyzed.add(base)
+                self.nested(target, language, content, f"in the script written to {target.text}")
 
     def rm(self, head: Word, texts: list[str]) -> None:
         recursive = force = False
@@ -284,38 +317,17 @@ class _Analysis:
             if t in ("-exec", "-execdir", "-ok", "-okdir"):
                 end = next((j for j in range(i + 1, len(texts)) if texts[j] in (";", "+")),
                            len(texts))  # fmt: skip
-                inner = _strip(args[i + 1 : end])
-                if inner and _name(inner[0]) in DELETERS:
-                    self.add(head, "bulk-delete", f"find {t} {_name(inner[0])} deletes every "
+                inner = unwrap(args[i + 1 : end])
+                if inner and prog(inner[0]) in DELETERS:
+                    self.add(head, "bulk-delete", f"find {t} {prog(inner[0])} deletes every "
                              "file it finds")  # fmt: skip
+                self.placeholder = "{}"  # find substitutes each path for {}
                 self.command(Command(words=args[i + 1 : end]))
+                self.placeholder = None
 
     def note_download(self, name: str, texts: list[str]) -> None:
         """Remember the files a downloader writes, in every option spelling."""
-        # The letter whose value is the output file: curl -o, wget/aria2c -O, nc has none.
-        letter = "o" if name in ("curl", "aria2c", "fetch") else "O"
-        remote_name = name != "curl"  # wget saves under the URL's name unless told otherwise
-        for i, t in enumerate(texts):
-            value: str | None = None
-            if t.startswith("--"):
-                option, eq, rest = t.partition("=")
-                if option in ("--output", "--output-document", "--out", "--output-file"):
-                    value = rest if eq else (texts[i + 1] if i + 1 < len(texts) else None)
-                elif option in ("--remote-name", "--remote-name-all"):
-                    remote_name = True
-            elif t.startswith("-") and len(t) > 1:
-                flags = t[1:]
-                if name == "curl" and "O" in flags:
-                    remote_name = True
-                if letter in flags:
-                    after = flags[flags.index(letter) + 1 :]
-                    value = after or (texts[i + 1] if i + 1 < len(texts) else None)
-            if value and value != "-":
-                self.downloaded.add(_base(value))
-        if remote_name:
-            for t in texts:
-                if "://" in t:
-                    self.downloaded.add(_base(t.split("?", 1)[0]))
+        self.downloaded |= download_targets(name, texts)
 
     def interpreter(self, cmd: Command, head: Word, name: str, args: list[Word]) -> None:
         language: str | None
@@ -327,7 +339,11 @@ class _Analysis:
         elif name in NODES:
             language, inline_flags = "javascript", ("e", "p", "-eval", "-print")
         elif name in OPAQUE_INTERPRETERS:
-            language, inline_flags = None, ("e", "E", "r")
+            language, inline_flags = None, OPAQUE_INTERPRETERS[name]
+        elif name == "deno" and args and args[0].text == "eval":
+            if len(args) > 1:
+                self.inline(head, name, "javascript", args[-1])
+            return
         else:
             return
         script: Word | None = None
@@ -336,20 +352,44 @@ class _Analysis:
             arg = args[i]
             text = arg.text
             flags = text[1:] if text.startswith("-") and len(text) > 1 else ""
+            option, eq, attached = flags.partition("=")
+            if eq and option in inline_flags:  # node --eval=CODE
+                self.inline(head, name, language, Word(attached, arg.line, arg.dynamic))
+                return
+            if language == "python" and flags and not flags.startswith("-") and "c" in flags:
+                code_at = flags.index("c") + 1
+                if code_at < len(flags):  # python3 -cCODE: the rest of the word is the code
+                    self.inline(head, name, language, Word(flags[code_at:], arg.line,
+                                                             arg.dynamic))  # fmt: skip
+                    return
             is_inline = flags in inline_flags or (
-                bool(flags) and not flags.startswith("-") and language != "javascript"
-                and inline_flags[0] in flags
+                bool(flags) and not flags.startswith("-") and bool(inline_flags)
+                and (
+                    set(flags) <= {"p", "e", "i"} if language == "javascript"
+                    else inline_flags[0] in flags
+                )
             )  # fmt: skip
+            if (language == "python" and text in PYTHON_VALUE_OPTIONS) or (
+                language == "shell" and text in SHELL_VALUE_OPTIONS
+            ):
+                i += 2
+                continue
             if is_inline:
                 code = args[i + 1] if i + 1 < len(args) else None
                 if code is None:
                     return
+                placeholder = self.placeholder or xargs_placeholder(cmd.words)
+                if placeholder and placeholder in code.text:
+                    self.add(code, "dynamic-script", f"{name} runs code with {placeholder} "
+                             "replaced by input it is fed")  # fmt: skip
                 self.inline(head, name, language, code)
                 return
             if flags in ("m",):
                 return  # python -m module: runs an installed module, not code from here
-            if name in ("awk", "gawk", "mawk") and not flags:
-                self.awk(head, text)
+            if name in ("awk", "gawk", "mawk"):
+                for other in args:  # the program is any operand (-v x=1, -F: take values)
+                    if not other.text.startswith("-"):
+                        self.awk(head, other.text)
                 return
             if not flags:
                 script = arg
@@ -359,7 +399,7 @@ class _Analysis:
             if script.dynamic:
                 self.add(script, "dynamic-script", f"{name} runs a script computed at run time")
             else:
-                self.runs_local_file(script, f"{name} runs")
+                self.runs_local_file(script, f"{name} runs", language)
             return
         for op, target in cmd.redirects:
             if op == "<" and self.is_downloaded(target.text):
@@ -370,11 +410,11 @@ class _Analysis:
         elif cmd.heredoc is None and any(op == "<<<" for op, _ in cmd.redirects):
             self.add(head, "dynamic-script", f"{name} runs code computed at run time")
         elif cmd.piped_in:
-            fed = _literal_output(cmd.upstream) if len(cmd.upstream) == 1 else None
+            fed = literal_output(cmd.upstream) if len(cmd.upstream) == 1 else None
             if fed is not None and language is not None:
                 self.nested(head, language, fed, f"in code piped into {name}")
                 return
-            sources = {_name(s[0]) for up in cmd.upstream if (s := _strip(up.words))}
+            sources = {prog(s[0]) for up in cmd.upstream if (s := unwrap(up.words))}
             if sources & DOWNLOADERS:
                 self.add(head, "download-exec", f"downloads code and pipes it into {name}")
             else:
@@ -388,21 +428,82 @@ class _Analysis:
         else:
             self.nested(code, language, code.text, f"in {name} inline code")
 
+    def command_strings(self, words: list[Word]) -> None:
+        """Wrappers given a whole command line as one value (``su -c 'cmd'``,
+        ``env -S 'cmd'``, ``watch 'cmd'``): the value is shell code, analyzed as such."""
+        stripped = unwrap(words)
+        prefix = words[: len(words) - len(stripped)] if stripped else words
+        for i, word in enumerate(prefix):
+            name = prog(word)
+            if word.dynamic:
+                continue
+            if name == "parallel" and any(w.text == ":::" for w in words[i + 1 :]):
+                # parallel ::: 'cmd1' 'cmd2' runs each argument as a command line.
+                start = next(j for j in range(i + 1, len(words)) if words[j].text == ":::")
+                for arg in words[start + 1 :]:
+                    if arg.text not in (":::", "::::"):
+                        self.nested(arg, "shell", arg.text, "in a command parallel runs")
+                continue
+            if name == "watch":
+                rest = [w for w in words[i + 1 :] if not w.text.startswith("-")]
+                if rest and rest[0].text.isdigit() and i + 1 < len(words) and \
+                        words[i + 1].text in ("-n", "--interval"):  # fmt: skip
+                    rest = rest[1:]
+                if rest:
+                    self.nested(word, "shell", " ".join(w.text for w in rest), "in watch")
+                continue
+            short, long = COMMAND_STRING_OPTIONS.get(name, ("", ""))
+            if not short:
+                continue
+            for j in range(i + 1, len(words)):
+                text = words[j].text
+                value: Word | None = None
+                if long and text.startswith(long + "="):
+                    value = Word(text[len(long) + 1 :], words[j].line, words[j].dynamic)
+                elif text == long or (
+                    text.startswith("-") and not text.startswith("--") and short in text
+                ):
+                    after = text[text.index(short) + 1 :] if text != long else ""
+                    if after:
+                        value = Word(after, words[j].line, words[j].dynamic)
+                    elif j + 1 < len(words):
+                        value = words[j + 1]
+                if value is not None:
+                    if value.dynamic:
+                        self.add(value, "dynamic-script", f"{name} runs a command computed at "
+                                 "run time")  # fmt: skip
+                    else:
+                        self.nested(value, "shell", value.text, f"in the command {name} runs")
+                    break
+
+    def native_loads(self, all_words: list[Word], words: list[Word]) -> None:
+        """Native code loaded into programs (``LD_PRELOAD=x.so``, ``enable -f x.so``) and
+        archivers told to run commands (``tar --to-command``)."""
+        prefix = all_words[: len(all_words) - len(words)] if words else all_words
+        exporting = bool(words) and prog(words[0]) in ("export", "declare", "typeset",
+                                                        "readonly", "env")  # fmt: skip
+        for word in [*prefix, *(words[1:] if exporting else [])]:
+            if word.text.startswith(PRELOAD_VARIABLES):
+                variable = word.text.split("=", 1)[0]
+                self.add(word, "native", f"{variable} loads a native library into programs")
+        if not words:
+            return
+        name, texts = prog(words[0]), [w.text for w in words[1:]]
+        if name == "enable" and any(t.startswith("-") and "f" in t for t in texts):
+            self.add(words[0], "native", "enable -f loads a native library as a builtin")
+        elif name in ("tar", "bsdtar", "gtar") and any(
+            t.startswith(TAR_COMMAND_OPTIONS) or t in ("-I", "-F") for t in texts
+        ):
+            self.add(words[0], "archive-exec", f"{name} is told to run a command")
+
+    def sed(self, head: Word, args: list[Word]) -> None:
+        """GNU sed runs commands: the ``e`` command and the ``e`` flag of ``s``."""
+        if any(sed_executes(script) for script in sed_scripts([a.text for a in args])):
+            self.add(head, "sed-exec", "sed script runs a command (e)")
+
     def awk(self, head: Word, program: str) -> None:
         if re.search(r"\bsystem\s*\(|\|\s*getline|\|\s*\"|\|&", program):
             self.add(head, "awk-exec", "awk program runs commands")
-
-
-def _literal_output(stages: list[Command]) -> str | None:
-    """What a lone ``echo …`` or ``cat <<EOF`` stage writes, when it is fixed text."""
-    words = _strip(stages[0].words)
-    if not words or any(w.dynamic for w in words):
-        return None
-    if _name(words[0]) == "echo" and not any(w.text.startswith("-") for w in words[1:]):
-        return " ".join(w.text for w in words[1:])
-    if _name(words[0]) == "cat" and len(words) == 1 and stages[0].heredoc is not None:
-        return stages[0].heredoc
-    return None
 
 
 def analyze(code: str, *, depth: int = 0) -> list[Finding]:

@@ -181,7 +181,10 @@ class _Lexer:
                 word.dynamic = True
             elif ch in "<>" and self.peek() == "(":
                 self.take()
-                word.substitutions.append(self.balanced("(", ")"))
+                body = self.balanced("(", ")")
+                # >(…) reads what the command writes: its body is fed generated input, as if
+                # piped (``tee >(sh)`` runs the output as code).
+                word.substitutions.append(body if ch == "<" else f"cat | {body}")
                 word.dynamic = True
             else:
                 text.append(ch)
