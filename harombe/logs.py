@@ -21,11 +21,14 @@ configuration, so it is applied either way. To ask from code, in one line::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import stat
 import sys
 import threading
+import unicodedata
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import IO, Any
@@ -36,6 +39,8 @@ from harombe.errors import ConfigError
 
 LEVEL_ENV = "HAROMBE_LOG_LEVEL"
 JSON_ENV = "HAROMBE_LOG_JSON"
+#: Longest value shown on the console, and longest fallback text of a value in the JSON file.
+MAX_VALUE_CHARS = 4096
 LEVELS = {
     "debug": logging.DEBUG,
     "info": logging.INFO,
@@ -50,28 +55,99 @@ class JsonLinesFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        try:
-            self._file: IO[str] = self.path.open("a", encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"cannot open the JSON log file {self.path} ({exc.strerror}); give a writable "
-                f"path in {JSON_ENV} or configure(json_file=...)"
-            ) from None
+        self._file: IO[str] = _open_regular(self.path)
         self._lock = threading.Lock()
+        self._failing = False
 
     def __call__(
         self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
     ) -> MutableMapping[str, Any]:
         # ensure_ascii keeps a line valid UTF-8 whatever the event holds (lone surrogates too).
-        line = json.dumps(dict(event_dict), default=str, ensure_ascii=True)
+        line = json.dumps(dict(event_dict), default=_bounded_str, ensure_ascii=True)
         with self._lock:
-            self._file.write(line + "\n")
-            self._file.flush()
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except (OSError, ValueError) as exc:  # full disk, closed file: never fail a call
+                if not self._failing:
+                    _warn(f"harombe: cannot write the JSON log file {self.path} ({exc}); "
+                          "events are not being saved to it")  # fmt: skip
+                self._failing = True
+            else:
+                self._failing = False
         return event_dict
 
     def close(self) -> None:
         with self._lock:
             self._file.close()
+
+
+def _open_regular(path: Path) -> IO[str]:
+    """``path`` opened for appending, if it is (or a link to) a regular file; never blocks.
+
+    O_NONBLOCK keeps a FIFO with no reader from hanging ``import harombe``; anything but a
+    regular file (a FIFO, a device, a directory) is refused, because writes to it could block
+    every later log call or fail on each one."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC
+    fix = f"give a writable regular file in {JSON_ENV} or configure(json_file=...)"
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        raise ConfigError(f"cannot open the JSON log file {path} ({exc.strerror}); {fix}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ConfigError(f"the JSON log file {path} is not a regular file; {fix}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+def _bounded_str(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS] + "…"
+
+
+def _warn(message: str) -> None:
+    with contextlib.suppress(Exception):
+        if sys.stderr is not None:
+            sys.stderr.write(message + "\n")
+
+
+#: Control, format (bidirectional, zero-width), separator and surrogate characters: on a
+#: terminal they move the cursor, recolour or reorder text, or start a fake new line.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _escaped(text: str) -> str:
+    if len(text) > MAX_VALUE_CHARS:
+        text = f"{text[:MAX_VALUE_CHARS]}…({len(text)} characters)"
+    if text.isprintable():
+        return text
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(char) in _UNSAFE
+        else char
+        for char in text
+    )
+
+
+def escape_for_console(
+    logger: Any, method_name: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """A structlog processor: every value as text with control and invisible characters
+    escaped (``\\x1b``, ``\\u202e``) and cut to ``MAX_VALUE_CHARS``, so no value from a
+    caller can forge a log line, recolour the terminal or flood it."""
+    for key, value in event_dict.items():
+        if key == "exc_info":
+            continue
+        if isinstance(value, str):
+            event_dict[key] = _escaped(value)
+        elif not isinstance(value, bool | int | float | type(None)):
+            # The console shows these by repr, which escapes what is unsafe; only the length
+            # needs a bound.
+            text = repr(value)
+            if len(text) > MAX_VALUE_CHARS:
+                event_dict[key] = _escaped(text)
+    return event_dict
 
 
 class _Stderr:
@@ -121,7 +197,10 @@ def configure(
     ]
     if sink is not None:
         processors.append(sink)
-    processors.append(structlog.dev.ConsoleRenderer(colors=False) if stderr else _drop)
+    if stderr:
+        processors += [escape_for_console, structlog.dev.ConsoleRenderer(colors=False)]
+    else:
+        processors.append(_drop)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[name]),

@@ -30,8 +30,9 @@ must not miss ``run.py `` that some layer later trims to ``run.py``):
 from __future__ import annotations
 
 import posixpath
-import reprlib
 import unicodedata
+from types import UnionType
+from typing import Any, TypeGuard
 
 from harombe.errors import WorkspacePathError
 
@@ -46,19 +47,77 @@ _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
 ECHO_CHARS = 80
 
 
-_REPR = reprlib.Repr()
-_REPR.maxstring = _REPR.maxother = 2 * ECHO_CHARS
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 8, 8, 8
+#: Exact built-in types whose repr is computed by harombe's own code, never by a caller's.
+_SCALARS = (bool, int, float, complex, type(None))
+_CONTAINERS: dict[type, tuple[str, str]] = {
+    list: ("[", "]"),
+    tuple: ("(", ")"),
+    set: ("{", "}"),
+    frozenset: ("{", "}"),
+}
+_MAX_ITEMS = 8
+
+
+def type_name(value: object, limit: int = ECHO_CHARS // 2) -> str:
+    """The name of ``value``'s type, cut to ``limit`` characters (a class may be named by a
+    10 MB string)."""
+    name: str = type.__dict__["__name__"].__get__(type(value))
+    return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
 def preview(value: object, limit: int = ECHO_CHARS) -> str:
     """``repr(value)`` cut to at most ``limit`` characters (ending in "…" when cut), for error
-    messages: a 10 MB argument is never echoed back, and nothing here can fail."""
+    messages: a 10 MB argument is never echoed back, and nothing here can fail, hang or run
+    the caller's code. Only exact built-in types are shown by value (a ``str`` subclass by its
+    text); any other object is shown as ``<TypeName>``, without calling its ``__repr__``."""
     try:
-        text = repr(value[: 2 * limit]) if isinstance(value, str) else _REPR.repr(value)
-    except Exception:  # noqa: BLE001 - a hostile __repr__ must not turn a refusal into a crash
-        text = f"<{type(value).__name__}>"
+        text = _preview(value, limit, depth=2)
+    except Exception:  # noqa: BLE001 - an error message must never become a crash
+        text = f"<{type_name(value)}>"
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _preview(value: object, limit: int, depth: int) -> str:
+    kind = type(value)
+    if is_a(value, str):
+        return repr(str.__getitem__(value, slice(0, 2 * limit)))
+    if is_a(value, bytes):
+        return repr(bytes.__getitem__(value, slice(0, 2 * limit)))
+    if is_a(value, int) and not is_a(value, bool):
+        if int.bit_length(value) > 256:  # repr of 10**10000 is slow, then refused
+            return f"<{type_name(value)} of {int.bit_length(value)} bits>"
+        return int.__repr__(value)
+    if is_a(value, float):
+        return float.__repr__(value)
+    if kind in _SCALARS:
+        return repr(value)
+    if kind in _CONTAINERS and depth > 0:
+        items = list(kind.__iter__(value))  # type: ignore[attr-defined]
+        return _join(items, _CONTAINERS[kind], limit, depth)
+    if is_a(value, dict) and kind is dict and depth > 0:
+        pairs = list(dict.items(value))[:_MAX_ITEMS]
+        shown = [f"{_preview(k, limit, 0)}: {_preview(v, limit, depth - 1)}" for k, v in pairs]
+        more = ", …" if dict.__len__(value) > _MAX_ITEMS else ""
+        return "{" + ", ".join(shown) + more + "}"
+    return f"<{type_name(value)}>"
+
+
+def _join(items: list[object], brackets: tuple[str, str], limit: int, depth: int) -> str:
+    shown = [_preview(item, limit, depth - 1) for item in items[:_MAX_ITEMS]]
+    more = ", …" if len(items) > _MAX_ITEMS else ""
+    return brackets[0] + ", ".join(shown) + more + brackets[1]
+
+
+def is_a(value: object, kinds: type | UnionType) -> TypeGuard[Any]:
+    """``isinstance`` by the value's real type: an object whose ``__class__`` claims to be a
+    ``str`` (or list, or float) is not one, and asking runs none of its code."""
+    return issubclass(type(value), kinds)
+
+
+def exact_str(value: str) -> str:
+    """``value`` as a plain ``str``: a subclass's overridden methods (``split``, ``strip``,
+    ``__eq__``, ``__hash__``…) must not make one layer read it differently from another."""
+    return value if type(value) is str else str.__str__(value)
 
 
 def workspace_relative(path: str, *, allow_root: bool = False) -> str:
@@ -68,11 +127,12 @@ def workspace_relative(path: str, *, allow_root: bool = False) -> str:
     what is rewritten and what is refused. ``allow_root`` is for directories (listing): it
     admits ``.`` (the workspace itself) and a trailing ``/``.
     """
-    if not isinstance(path, str):
+    if not is_a(path, str):
         raise WorkspacePathError(
-            f"file path must be a string, got {type(path).__name__}; give a path relative to "
+            f"file path must be a string, got {type_name(path)}; give a path relative to "
             "/workspace such as 'data/input.csv'"
         )
+    path = exact_str(path)
     if len(path) > MAX_PATH_CHARS:
         raise WorkspacePathError(
             f"file path is longer than {MAX_PATH_CHARS} characters ({len(path)}); shorten it"

@@ -22,7 +22,9 @@ Every call goes through the same three steps, in this order:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,9 +36,10 @@ from harombe.errors import HarombeError, InvalidArgumentError, UsageError
 from harombe.security.channel import OutputCallback
 from harombe.security.hitl import ApprovalDecision, HITLGate, Operation
 from harombe.security.netpolicy import Allowlist
-from harombe.security.paths import preview
+from harombe.security.paths import exact_str, is_a, preview
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.security.streaming import OutputChunk, iterate
+from harombe.tools.output import GuardedOutput
 from harombe.tools.params import (
     TOOL_ARGS,
     CodeExecuteArgs,
@@ -60,8 +63,8 @@ def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
 
 def _echo(value: object) -> object:
     """A raw argument as it may appear in a failed call's result: short text, else ``None``."""
-    if isinstance(value, str) and len(value) <= ECHO_MAX_CHARS:
-        return value
+    if is_a(value, str) and str.__len__(value) <= ECHO_MAX_CHARS:
+        return exact_str(value)
     return None
 
 
@@ -87,6 +90,12 @@ class CodeExecutionTools:
             raise UsageError(f"hitl_gate must be a harombe.security.hitl.HITLGate (got {got})")
         self.sandbox_manager = sandbox_manager
         self.hitl_gate = hitl_gate
+        # Sandboxes talk to harombe over streams bound to one event loop: the loop these tools
+        # were made on, or else the one of their first call.
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
 
     async def _call(
         self, tool: str, raw: dict[str, Any], plan: Callable[[Any], Plan]
@@ -95,6 +104,7 @@ class CodeExecutionTools:
         decision = None
         language: object = None
         try:
+            self._check_loop()
             args = parse_args(
                 TOOL_ARGS[tool], raw, max_bytes=self.sandbox_manager.limits.max_file_bytes
             )
@@ -106,7 +116,10 @@ class CodeExecutionTools:
             self._audit(tool, result, None, started, language=_echo(raw.get("language")))
             return result
         if self.hitl_gate is not None:
-            decision = await self.hitl_gate.check_approval(Operation(tool, planned.params))
+            # The approver (and anything logging the operation) gets its own copy: changing
+            # it cannot change what runs, which the plan fixed from the validated arguments.
+            shown = copy.deepcopy(planned.params)
+            decision = await self.hitl_gate.check_approval(Operation(tool, shown))
         try:
             if decision is not None and not decision.approved:
                 raise decision.error()
@@ -129,6 +142,19 @@ class CodeExecutionTools:
             params=planned.params if planned.log_params is None else planned.log_params,
         )
         return result
+
+    def _check_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        stale = self._loop is not None and self._loop.is_closed()
+        if self._loop is None or (stale and not self.sandbox_manager.sandboxes):
+            self._loop = loop
+        if loop is not self._loop:
+            raise UsageError(
+                "these tools were called from another event loop (another thread or "
+                "asyncio.run) than the one their sandboxes belong to; call them from the loop "
+                "the SandboxManager was started on, e.g. with "
+                "asyncio.run_coroutine_threadsafe(tools.code_execute(...), loop)"
+            )
 
     def _audit(
         self,
@@ -189,12 +215,13 @@ class CodeExecutionTools:
             raise InvalidArgumentError("on_output must be a callable taking an output chunk")
         manager = self.sandbox_manager
         timeout_s, warnings = manager.effective_timeout(args.timeout)
-        network, domains = args.network_enabled, list(args.allowed_domains)
+        network, domains = args.network_enabled, tuple(args.allowed_domains)
         if args.sandbox_id is not None:
             box = manager.get(args.sandbox_id)
+            _require(box, INTERPRETERS[args.language], args.language)
             _check_network_matches(args, box.sandbox_id, box.network_enabled, box.allowed_domains)
             # The sandbox's own network decides the risk, whatever this call repeats.
-            network, domains = box.network_enabled, list(box.allowed_domains)
+            network, domains = box.network_enabled, tuple(box.allowed_domains)
         params = {
             "language": args.language,
             "code": args.code,
@@ -202,7 +229,7 @@ class CodeExecutionTools:
             "timeout": timeout_s,
             "timeout_default_s": float(manager.limits.max_execution_time),
             "network_enabled": network,
-            "allowed_domains": domains,
+            "allowed_domains": list(domains),
             "fresh": args.fresh,
         }
 
@@ -210,21 +237,32 @@ class CodeExecutionTools:
             sid = args.sandbox_id
             if sid is None:
                 box = await manager.create_sandbox(
-                    args.language, network_enabled=network, allowed_domains=domains
+                    args.language, network_enabled=network, allowed_domains=list(domains)
                 )
                 sid = box.sandbox_id
                 if decision is not None and self.hitl_gate is not None:
                     # "Approve for this sandbox" given before the sandbox existed applies to it.
                     self.hitl_gate.remember(decision, sid)
-            result = await manager.execute(
-                sid,
-                args.code,
-                language=args.language,
-                timeout_s=timeout_s,
-                on_output=on_output,
-                fresh=True if args.fresh else None,
-            )
-            return result.to_dict()
+            guard = GuardedOutput(on_output) if on_output is not None else None
+            try:
+                result = await manager.execute(
+                    sid,
+                    args.code,
+                    language=args.language,
+                    timeout_s=timeout_s,
+                    on_output=guard,
+                    fresh=True if args.fresh else None,
+                )
+            except BaseException:
+                if args.sandbox_id is None:
+                    # A sandbox this call created and cannot return (the error result has no
+                    # id) would live on unseen until stop(): remove it now.
+                    await _discard(manager, sid)
+                raise
+            out = result.to_dict()
+            if guard is not None and guard.failure:
+                out["warnings"] = [*out.get("warnings", []), guard.failure]
+            return out
 
         return Plan(params, {"sandbox_id": args.sandbox_id}, run, warnings=warnings)
 
@@ -272,7 +310,8 @@ class CodeExecutionTools:
         Parameters are :class:`~harombe.tools.params.InstallPackageArgs`."""
 
         def plan(args: InstallPackageArgs) -> Plan:
-            self.sandbox_manager.get(args.sandbox_id)
+            box = self.sandbox_manager.get(args.sandbox_id)
+            _require(box, "python3" if args.registry == "pypi" else "node", args.registry)
             fields = {"sandbox_id": args.sandbox_id, "package": args.package,
                       "registry": args.registry}  # fmt: skip
 
@@ -409,6 +448,29 @@ class CodeExecutionTools:
             return Plan(dict(fields), fields, run)
 
         return await self._call("code_destroy_sandbox", {"sandbox_id": sandbox_id}, plan)
+
+
+async def _discard(manager: SandboxManager, sandbox_id: str) -> None:
+    """Destroy ``sandbox_id``, even while the calling task is being cancelled; never raises."""
+    task = asyncio.ensure_future(manager.destroy_sandbox(sandbox_id))
+    try:
+        await asyncio.shield(task)
+    except BaseException as exc:  # noqa: BLE001 - cleanup of an already failing call
+        error = f"{type(exc).__name__}: {preview(str(exc))}"
+        log.warning("tool.discard_failed", sandbox_id=sandbox_id, error=error)
+
+
+#: The program each language needs in the sandbox's image.
+INTERPRETERS = {"python": "python3", "javascript": "node", "shell": "bash"}
+
+
+def _require(box: Any, interpreter: str, what: str) -> None:
+    """Refuse, before anyone is asked, a call the sandbox's image cannot run."""
+    if not box.has(interpreter):
+        raise UsageError(
+            f"{what} needs {interpreter}, which sandbox {box.sandbox_id}'s image {box.image} "
+            f"lacks; leave out sandbox_id to create a sandbox with an image for it"
+        )
 
 
 #: Arguments a failed call's result repeats (when they are short text).

@@ -36,6 +36,10 @@ file paths         :func:`harombe.security.paths.workspace_relative`: the normal
 =================  ===========================================================================
 
 Errors echo at most about 80 characters of a value, so a 10 MB argument never comes back.
+
+Values are read by their base types (:mod:`harombe.tools.readers`): a ``str``/``int``/``float``/
+``list`` subclass counts as its plain value and none of its own methods is called, so a value
+cannot read one way to the gate and another to the manager; the models hold plain copies.
 """
 
 from __future__ import annotations
@@ -52,73 +56,33 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
 
 from harombe import errors
-from harombe.config import LANGUAGES, Language, Limits
-from harombe.errors import HarombeError, InvalidArgumentError, PackageSpecError
+from harombe.config import LANGUAGES, Language
+from harombe.errors import (
+    HarombeError,
+    InvalidArgumentError,
+    PackageSpecError,
+)
 from harombe.security import packages
 from harombe.security.netpolicy import Allowlist
-from harombe.security.paths import preview, workspace_relative
-from harombe.security.sandbox import check_sandbox_id
-
-MAX_PACKAGE_CHARS = 1024
-#: Linux's MAX_ARG_STRLEN (32 pages) less the terminating NUL: the longest ``bash -c`` program.
-MAX_SHELL_CODE_BYTES = 131_071
-MAX_DOMAINS = 256
-MAX_DOMAIN_CHARS = 253
-#: The size cap on ``code`` and ``content`` when the caller gives none (the default limit).
-DEFAULT_MAX_BYTES: int = Limits.model_fields["max_file_bytes"].default
-_ERROR = "harombe"
+from harombe.security.paths import exact_str, is_a, preview
+from harombe.tools.readers import (
+    _ERROR,
+    MAX_DOMAIN_CHARS,
+    MAX_DOMAINS,
+    MAX_PACKAGE_CHARS,
+    MAX_SHELL_CODE_BYTES,
+    boolean,
+    checked_id,
+    describe,
+    path,
+    refuse,
+    seconds,
+    text,
+)
 
 Model = TypeVar("Model", bound="ToolArgs")
-
-
-def _refuse(message: str, kind: type[HarombeError] = InvalidArgumentError) -> PydanticCustomError:
-    """A validation error carrying its final message and the harombe error kind to raise."""
-    return PydanticCustomError(_ERROR, "{message}", {"message": message, "kind": kind.__name__})
-
-
-def describe(value: object) -> str:
-    """A short description of a value for an error: ``'false', a string``; ``None``."""
-    if value is None:
-        return "None"
-    kind = {bool: "a boolean", str: "a string", int: "an integer", float: "a number"}.get(
-        type(value), type(value).__name__
-    )
-    return f"{preview(value)}, {kind}"
-
-
-def _boolean(name: str, value: object) -> bool:
-    if isinstance(value, bool):
-        return value
-    hint = " (not the text 'true' or 'false')" if isinstance(value, str) else ""
-    raise _refuse(
-        f"{name} must be true or false (got {describe(value)}); pass a boolean{hint}, "
-        f"e.g. {name}=True"
-    )
-
-
-def _text(name: str, value: object, info: ValidationInfo, *, what: str) -> str:
-    """``value`` if it is valid Unicode text within the size cap."""
-    if not isinstance(value, str):
-        fix = "; decode it to text first" if isinstance(value, bytes | bytearray) else ""
-        raise _refuse(f"{name} must be a string of {what} (got {describe(value)}){fix}")
-    try:
-        size = len(value.encode("utf-8"))
-    except UnicodeEncodeError as exc:
-        raise _refuse(
-            f"{name} is not valid Unicode text: it holds a lone surrogate "
-            f"U+{ord(value[exc.start]):04X} at character {exc.start}; send valid UTF-8 text "
-            "(encode binary data as base64)"
-        ) from None
-    limit = (info.context or {}).get("max_bytes") or DEFAULT_MAX_BYTES
-    if size > limit:
-        raise _refuse(
-            f"{name} is {size} bytes, over the limit of {limit} bytes "
-            "(security.sandbox.limits.max_file_bytes); send less, or raise the limit"
-        )
-    return value
 
 
 class ToolArgs(BaseModel):
@@ -141,23 +105,11 @@ class _OnSandbox(ToolArgs):
     @classmethod
     def _sandbox_id(cls, value: object) -> str:
         if value is None:
-            raise _refuse(
+            raise refuse(
                 "sandbox_id is required: pass the id an earlier code_execute result returned "
                 "(e.g. 'sandbox-0123456789ab')"
             )
-        return _checked_id(value)
-
-
-def _checked_id(value: object) -> str:
-    if not isinstance(value, str):
-        raise _refuse(
-            f"sandbox_id must be a string such as 'sandbox-0123456789ab' (got "
-            f"{describe(value)}); use the id an earlier result returned"
-        )
-    try:
-        return check_sandbox_id(value)
-    except HarombeError as err:
-        raise _refuse(str(err), type(err)) from None
+        return checked_id(value)
 
 
 class CodeExecuteArgs(ToolArgs):
@@ -209,9 +161,9 @@ class CodeExecuteArgs(ToolArgs):
     @field_validator("language", mode="before")
     @classmethod
     def _language(cls, value: object) -> str:
-        if isinstance(value, str) and value in LANGUAGES:
-            return value
-        raise _refuse(
+        if is_a(value, str) and exact_str(value) in LANGUAGES:
+            return exact_str(value)
+        raise refuse(
             f"language must be one of {', '.join(LANGUAGES)} (got {describe(value)}); "
             "write it in lower case, e.g. language='python'"
         )
@@ -220,69 +172,76 @@ class CodeExecuteArgs(ToolArgs):
     @classmethod
     def _code(cls, value: object, info: ValidationInfo) -> str:
         if value is None:
-            raise _refuse("code is required: pass the program to run as a string (got None)")
-        return _text("code", value, info, what="source code")
+            raise refuse("code is required: pass the program to run as a string (got None)")
+        return text("code", value, info, what="source code")
 
     @field_validator("sandbox_id", mode="before")
     @classmethod
     def _sandbox_id(cls, value: object) -> str | None:
-        return None if value is None else _checked_id(value)
+        return None if value is None else checked_id(value)
 
     @field_validator("timeout", mode="before")
     @classmethod
     def _timeout(cls, value: object) -> float | None:
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            hint = ", not text" if isinstance(value, str) else ""
-            raise _refuse(
+        if is_a(value, bool) or not is_a(value, int | float):
+            hint = ", not text" if is_a(value, str) else ""
+            raise refuse(
                 f"timeout must be a number of seconds (got {describe(value)}); pass a number"
                 f"{hint}, e.g. timeout=10, or leave it out for the default"
             )
-        seconds = float(value)
-        if not 0 < seconds < float("inf"):  # refuses NaN too: it compares false with any cap
-            raise _refuse(
+        as_float = seconds(value)
+        if not 0 < as_float < float("inf"):  # refuses NaN too: it compares false with any cap
+            raise refuse(
                 f"timeout must be a finite number of seconds above 0 (got {describe(value)}); "
                 "pass e.g. timeout=10, or leave it out for the default"
             )
-        return seconds
+        return as_float
 
     @field_validator("network_enabled", mode="before")
     @classmethod
     def _network_enabled(cls, value: object) -> bool:
-        return _boolean("network_enabled", value)
+        return boolean("network_enabled", value)
 
     @field_validator("fresh", mode="before")
     @classmethod
     def _fresh(cls, value: object) -> bool:
-        return _boolean("fresh", value)
+        return boolean("fresh", value)
 
     @field_validator("allowed_domains", mode="before")
     @classmethod
     def _allowed_domains(cls, value: object) -> list[str]:
         if value is None:
             return []
-        if not isinstance(value, list | tuple):
-            hint = f"; write [{preview(value)}]" if isinstance(value, str) else ""
-            raise _refuse(
+        if not is_a(value, list | tuple):
+            hint = f"; write [{preview(value)}]" if is_a(value, str) else ""
+            raise refuse(
                 f"allowed_domains must be a list of host names (got {describe(value)}){hint}"
             )
-        if len(value) > MAX_DOMAINS:
-            raise _refuse(
-                f"allowed_domains holds {len(value)} names, over the limit of {MAX_DOMAINS}; "
+        # One snapshot, read by the base type's own methods: an overridden __iter__/__len__
+        # (of the list or of a str in it), or another task changing the caller's list later,
+        # cannot make the list that was checked differ from the list the sandbox gets.
+        base = list if is_a(value, list) else tuple
+        count = base.__len__(value)
+        if count > MAX_DOMAINS:
+            raise refuse(
+                f"allowed_domains holds {count} names, over the limit of {MAX_DOMAINS}; "
                 "use '*.example.com' patterns for many names under one domain"
             )
-        for item in value:
-            if not isinstance(item, str) or len(item) > MAX_DOMAIN_CHARS:
-                raise _refuse(
+        items = list(base.__iter__(value))
+        domains: list[str] = []
+        for item in items:
+            if not is_a(item, str) or str.__len__(item) > MAX_DOMAIN_CHARS:
+                raise refuse(
                     f"allowed_domains must hold host names of at most {MAX_DOMAIN_CHARS} "
                     f"characters (got {describe(item)}); write e.g. ['example.com']"
                 )
-        domains = list(value)
+            domains.append(exact_str(item))
         try:
             Allowlist.parse(domains)  # the proxy reads the list the same way, later
         except HarombeError as err:
-            raise _refuse(f"allowed_domains: {err}") from None
+            raise refuse(f"allowed_domains: {err}") from None
         return domains
 
     @model_validator(mode="after")
@@ -292,13 +251,13 @@ class CodeExecuteArgs(ToolArgs):
         if self.language != "shell":
             return self
         if "\x00" in self.code:
-            raise _refuse(
+            raise refuse(
                 f"shell code contains a NUL character at position {self.code.index(chr(0))}, "
                 "which bash cannot be given; remove it"
             )
         size = len(self.code.encode("utf-8"))
         if size > MAX_SHELL_CODE_BYTES:
-            raise _refuse(
+            raise refuse(
                 f"shell code is {size} bytes; bash takes its program as one argument of at "
                 f"most {MAX_SHELL_CODE_BYTES} bytes, so write the script with code_write_file "
                 "and run it with code='bash script.sh'"
@@ -308,7 +267,7 @@ class CodeExecuteArgs(ToolArgs):
     @model_validator(mode="after")
     def _domains_need_network(self) -> CodeExecuteArgs:
         if self.sandbox_id is None and self.allowed_domains and not self.network_enabled:
-            raise _refuse(
+            raise refuse(
                 "allowed_domains was given but network_enabled is false, so the new sandbox "
                 "would have no network at all; pass network_enabled=True as well, or drop "
                 "allowed_domains"
@@ -332,12 +291,13 @@ class InstallPackageArgs(_OnSandbox):
     @field_validator("package", mode="before")
     @classmethod
     def _package(cls, value: object) -> str:
-        if not isinstance(value, str):
-            raise _refuse(
+        if not is_a(value, str):
+            raise refuse(
                 f"package must be a string such as 'requests==2.31.0' (got {describe(value)})"
             )
+        value = exact_str(value)
         if len(value) > MAX_PACKAGE_CHARS:
-            raise _refuse(
+            raise refuse(
                 f"package is {len(value)} characters long, over the limit of "
                 f"{MAX_PACKAGE_CHARS}; give one package name with an optional version"
             )
@@ -346,10 +306,11 @@ class InstallPackageArgs(_OnSandbox):
     @field_validator("registry", mode="before")
     @classmethod
     def _registry(cls, value: object) -> str:
-        if not isinstance(value, str):
-            raise _refuse(f"registry must be 'pypi' or 'npm' (got {describe(value)})")
+        if not is_a(value, str):
+            raise refuse(f"registry must be 'pypi' or 'npm' (got {describe(value)})")
+        value = exact_str(value)
         if value not in packages.REGISTRIES:
-            raise _refuse(
+            raise refuse(
                 f"unknown registry {preview(value)}; harombe installs from 'pypi' or 'npm' only",
                 PackageSpecError,
             )
@@ -360,7 +321,7 @@ class InstallPackageArgs(_OnSandbox):
         try:
             packages.parse_spec(self.package, self.registry)
         except HarombeError as err:
-            raise _refuse(str(err), type(err)) from None
+            raise refuse(str(err), type(err)) from None
         return self
 
 
@@ -379,14 +340,14 @@ class WriteFileArgs(_OnSandbox):
     @field_validator("file_path", mode="before")
     @classmethod
     def _file_path(cls, value: object) -> str:
-        return _path(value, allow_root=False)
+        return path(value, allow_root=False)
 
     @field_validator("content", mode="before")
     @classmethod
     def _content(cls, value: object, info: ValidationInfo) -> str:
         if value is None:
-            raise _refuse("content is required: pass the file's text as a string (got None)")
-        return _text("content", value, info, what="file text")
+            raise refuse("content is required: pass the file's text as a string (got None)")
+        return text("content", value, info, what="file text")
 
 
 class ReadFileArgs(_OnSandbox):
@@ -402,7 +363,7 @@ class ReadFileArgs(_OnSandbox):
     @field_validator("file_path", mode="before")
     @classmethod
     def _file_path(cls, value: object) -> str:
-        return _path(value, allow_root=False)
+        return path(value, allow_root=False)
 
 
 class ListFilesArgs(_OnSandbox):
@@ -419,20 +380,13 @@ class ListFilesArgs(_OnSandbox):
     @field_validator("path", mode="before")
     @classmethod
     def _dir(cls, value: object) -> str:
-        return _path(value, allow_root=True)
+        return path(value, allow_root=True)
 
 
 class DestroySandboxArgs(_OnSandbox):
     """``code_destroy_sandbox``."""
 
     tool: ClassVar[str] = "code_destroy_sandbox"
-
-
-def _path(value: object, *, allow_root: bool) -> str:
-    try:
-        return workspace_relative(value, allow_root=allow_root)  # type: ignore[arg-type]
-    except HarombeError as err:
-        raise _refuse(str(err), type(err)) from None
 
 
 #: Every tool's argument model, by tool name (``code_execute_stream`` shares code_execute's).
@@ -461,7 +415,18 @@ def parse_args(
     try:
         return model.model_validate(dict(args), context={"max_bytes": max_bytes})
     except ValidationError as exc:
-        raise _as_error(exc, model) from None
+        try:
+            error = _as_error(exc, model)
+        except Exception:  # noqa: BLE001 - an error that cannot be rendered is still an error
+            error = InvalidArgumentError(f"the arguments of {model.tool} could not be read")
+        raise error from None
+    except Exception as exc:  # noqa: BLE001 - whatever a value does, the call gets an error
+        # The validators read values by their base types, so this is a last line only: a
+        # value that still raised is one that cannot be read, and the caller is told so.
+        raise InvalidArgumentError(
+            f"the arguments of {model.tool} could not be read ({type(exc).__name__}); pass "
+            "plain values: str, int, float, bool, list of str"
+        ) from None
 
 
 def _as_error(exc: ValidationError, model: type[BaseModel]) -> HarombeError:

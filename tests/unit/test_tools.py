@@ -22,10 +22,13 @@ def offline_manager(**limits: Any) -> SandboxManager:
     """A manager that was never started, knowing two sandboxes by id (no containers)."""
     manager = SandboxManager(DockerManager(), **limits)
     manager._sandboxes[SID] = SimpleNamespace(  # type: ignore[assignment]
-        sandbox_id=SID, network_enabled=False, allowed_domains=()
+        sandbox_id=SID, network_enabled=False, allowed_domains=(), has=lambda _: True
     )
     manager._sandboxes[NET_SID] = SimpleNamespace(  # type: ignore[assignment]
-        sandbox_id=NET_SID, network_enabled=True, allowed_domains=("example.com",)
+        sandbox_id=NET_SID,
+        network_enabled=True,
+        allowed_domains=("example.com",),
+        has=lambda _: True,
     )
     return manager
 
