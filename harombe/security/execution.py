@@ -19,6 +19,7 @@ from harombe.config import LANGUAGES, Language
 from harombe.errors import HarombeError, SandboxLostError, UsageError
 from harombe.security.channel import OutputCallback
 from harombe.security.docker_manager import settle
+from harombe.security.output_guard import GuardedOutput
 from harombe.security.sandbox import RUN_ENV, SESSION_LANGUAGES, ExecutionResult, argv_for
 
 if TYPE_CHECKING:
@@ -189,17 +190,21 @@ class Execution:
                 f"code is not valid Unicode text: {exc.reason} at character {exc.start}; "
                 "send the code as text without lone surrogate characters"
             ) from None
+        guard = GuardedOutput(on_output) if on_output is not None else None
         async with box.lock:
-            return await self._run(
+            result = await self._run(
                 box,
                 argv,
                 payload,
                 language=lang,
                 timeout_s=timeout,
-                on_output=on_output,
+                on_output=guard,
                 warnings=warnings,
                 session=session,
             )
+        if guard is not None and guard.failure:
+            result.warnings.append(guard.failure)
+        return result
 
     async def _run(
         self,

@@ -73,7 +73,7 @@ def new_sandbox_id() -> str:
 
 def check_sandbox_id(sandbox_id: object) -> str:
     """``sandbox_id`` if it is well formed; otherwise :class:`SandboxNotFoundError`."""
-    if not isinstance(sandbox_id, str) or not SANDBOX_ID.match(sandbox_id):
+    if not isinstance(sandbox_id, str) or not SANDBOX_ID.fullmatch(sandbox_id):
         raise SandboxNotFoundError(
             f"Sandbox not found: {str(sandbox_id)[:80]!r} is not a harombe sandbox id "
             "(they look like 'sandbox-0123456789ab'); create one with code_execute"

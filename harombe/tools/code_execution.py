@@ -39,7 +39,6 @@ from harombe.security.netpolicy import Allowlist
 from harombe.security.paths import exact_str, is_a, preview
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.security.streaming import OutputChunk, iterate
-from harombe.tools.output import GuardedOutput
 from harombe.tools.params import (
     TOOL_ARGS,
     CodeExecuteArgs,
@@ -243,14 +242,13 @@ class CodeExecutionTools:
                 if decision is not None and self.hitl_gate is not None:
                     # "Approve for this sandbox" given before the sandbox existed applies to it.
                     self.hitl_gate.remember(decision, sid)
-            guard = GuardedOutput(on_output) if on_output is not None else None
             try:
                 result = await manager.execute(
                     sid,
                     args.code,
                     language=args.language,
                     timeout_s=timeout_s,
-                    on_output=guard,
+                    on_output=on_output,
                     fresh=True if args.fresh else None,
                 )
             except BaseException:
@@ -259,10 +257,7 @@ class CodeExecutionTools:
                     # id) would live on unseen until stop(): remove it now.
                     await _discard(manager, sid)
                 raise
-            out = result.to_dict()
-            if guard is not None and guard.failure:
-                out["warnings"] = [*out.get("warnings", []), guard.failure]
-            return out
+            return result.to_dict()
 
         return Plan(params, {"sandbox_id": args.sandbox_id}, run, warnings=warnings)
 

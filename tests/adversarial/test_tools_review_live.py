@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from harombe.config import parse_config
+from harombe.security import output_guard as output
 from harombe.security.docker_manager import DockerManager
 from harombe.security.sandbox import LABEL_MANAGER
 from harombe.security.sandbox_manager import SandboxManager
-from harombe.tools import output
 from harombe.tools.code_execution import CodeExecutionTools
 
 
@@ -116,6 +116,28 @@ async def test_an_output_callback_that_fails_does_not_lose_the_sandbox(
     assert any(said in w for w in result["warnings"]), result["warnings"]
     kept = await tools.code_execute("python", "kept", sandbox_id=fresh_sandbox)
     assert kept["result"] == "7", kept
+
+
+@pytest.mark.parametrize(
+    ("callback", "said"), [c[1:] for c in CALLBACKS], ids=[c[0] for c in CALLBACKS]
+)
+async def test_an_output_callback_that_fails_under_the_manager_api_keeps_the_sandbox(
+    sandbox_manager: SandboxManager,
+    fresh_sandbox: str,
+    callback: Any,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same through SandboxManager.execute directly: the guard sits under every caller."""
+    monkeypatch.setattr(output, "ON_OUTPUT_WAIT_S", 1.0)
+    await sandbox_manager.execute(fresh_sandbox, "kept = 7")
+    result = await sandbox_manager.execute(
+        fresh_sandbox, "for i in range(3): print(i, flush=True)", on_output=callback
+    )
+    assert result.success and result.stdout == "0\n1\n2\n", result
+    assert any(said in w for w in result.warnings), result.warnings
+    kept = await sandbox_manager.execute(fresh_sandbox, "kept")
+    assert kept.result == "7" and kept.sandbox_id == fresh_sandbox, kept
 
 
 async def test_a_stream_left_at_every_point_leaves_a_working_sandbox(

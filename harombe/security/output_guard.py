@@ -55,4 +55,4 @@ class GuardedOutput:
             f"on_output {what}; output after that was not streamed to it (it is still in "
             "stdout/stderr)"
         )
-        log.warning("tool.on_output_failed", error=self.failure)
+        log.warning("execution.on_output_failed", error=self.failure)
