@@ -10,7 +10,12 @@ Contract of :class:`FetchArea`:
   credentials) is read or written.
 * The area's top directory belongs to harombe's user (mode 0711). A run gets a work directory
   of its own that is handed to the download user for the run and taken back (owner root, mode
-  0700) as soon as the program exits, so what harombe then reads cannot be changed under it.
+  0700) as soon as the program exits, so what harombe then reads cannot be changed under it;
+  whatever is left of the run's process group is killed then too. Ownership is only ever
+  changed through descriptors opened without following links: a symlink the download user
+  planted in its own directory (``home`` -> ``/etc``) is refused, never chowned through.
+* Every file a run writes is capped at :data:`FILE_MAX_BYTES` (``RLIMIT_FSIZE``), so one
+  hostile download cannot fill the host's disk with a single file.
 * Everything is deleted when the area closes.
 """
 
@@ -20,11 +25,14 @@ import asyncio
 import contextlib
 import os
 import pwd
+import resource
 import shutil
 import signal
+import stat
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -38,6 +46,8 @@ DOWNLOAD_USER = "nobody"
 NOBODY_ID = 65534
 RUN_TIMEOUT_S = 600.0
 OUTPUT_TAIL_LINES = 12
+#: Largest file a download tool may write (the biggest wheels on public indexes are ~1 GB).
+FILE_MAX_BYTES = 2 << 30
 #: Environment passed through to pip / npm: locale, proxies and CA bundles — never PYTHON*,
 #: NODE_OPTIONS or anything else that could load code into the download tool.
 PASSTHROUGH_ENV = (
@@ -102,17 +112,32 @@ class FetchArea:
         (path / "home").mkdir(mode=0o700)
         return path
 
-    def _lend(self, path: Path) -> None:
+    def _lend(self, path: Path, give: Sequence[str]) -> None:
+        """Hand ``path``, its ``home`` and the regular files named in ``give`` to the download
+        user, through descriptors opened without following links (see the module docstring)."""
         if self.identity.uid is None:
             return
-        for target in (path, path / "home"):
-            os.chown(target, self.identity.uid, self.identity.gid or NOBODY_ID)
-        for child in path.iterdir():
-            # Files harombe wrote for the tool (package.json) become the tool's to edit.
-            if child.name != "home" and child.is_file() and not child.is_symlink():
-                os.chown(child, self.identity.uid, self.identity.gid or NOBODY_ID)
+        for rel, want_dir in ((".", True), ("home", True), *((g, False) for g in give)):
+            replaced = PackageFetchError(
+                f"{path / rel} was replaced by something else during a download; refused (a "
+                "download tool may only write its own files)"
+            )
+            try:
+                fd = os.open(path / rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            except OSError:  # a symlink (ELOOP), or gone
+                raise replaced from None
+            try:
+                mode = os.fstat(fd).st_mode
+                if not (stat.S_ISDIR(mode) if want_dir else stat.S_ISREG(mode)):
+                    raise replaced
+                os.fchown(fd, self.identity.uid, self.identity.gid or NOBODY_ID)
+            finally:
+                os.close(fd)
 
-    def _reclaim(self, path: Path) -> None:
+    def _reclaim(self, path: Path, pid: int | None = None) -> None:
+        if pid is not None:  # nothing of the run survives it to change what harombe reads
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
         if self.identity.uid is None:
             return
         os.chown(path, os.geteuid(), os.getegid(), follow_symlinks=False)
@@ -126,10 +151,14 @@ class FetchArea:
         env: Mapping[str, str],
         pass_fds: Sequence[int] = (),
         timeout_s: float = RUN_TIMEOUT_S,
+        give: Sequence[str] = (),
     ) -> tuple[int, str]:
-        """Run ``argv`` in ``cwd`` as the download user; its exit code and combined output."""
-        self._lend(cwd)
+        """Run ``argv`` in ``cwd`` as the download user; its exit code and combined output.
+
+        ``give`` names files harombe wrote in ``cwd`` that the tool may change."""
+        self._lend(cwd, give)
         ident = self.identity
+        cap = FILE_MAX_BYTES
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -144,6 +173,8 @@ class FetchArea:
                 user=ident.uid,
                 group=ident.gid,
                 extra_groups=[] if ident.uid is not None else None,
+                # One system call in the child before exec: no locks, safe beside threads.
+                preexec_fn=partial(resource.setrlimit, resource.RLIMIT_FSIZE, (cap, cap)),
             )
         except PermissionError as exc:  # the download user may not execute this program
             self._reclaim(cwd)
@@ -158,16 +189,16 @@ class FetchArea:
             out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
         except TimeoutError:
             await _stop(proc)
-            self._reclaim(cwd)
+            self._reclaim(cwd, proc.pid)
             raise PackageFetchError(
                 f"{Path(argv[0]).name} did not finish within {timeout_s:.0f}s; check the "
                 "host's network and package index configuration"
             ) from None
         except asyncio.CancelledError:
             await _stop(proc)
-            self._reclaim(cwd)
+            self._reclaim(cwd, proc.pid)
             raise
-        self._reclaim(cwd)
+        self._reclaim(cwd, proc.pid)
         text = out.decode("utf-8", "replace")
         log.debug("package.tool_ran", tool=Path(argv[0]).name, exit_code=proc.returncode,
                   user=ident.label)  # fmt: skip

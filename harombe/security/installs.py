@@ -11,6 +11,7 @@ there, offline.
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
@@ -85,7 +86,9 @@ class PackageInstalls:
             glibc=str(libc[1] or "2.17"),
             constraints=constraints,
         )
-        wheels = "/tmp/harombe-wheels"
+        # A fresh, unguessable directory: code in the sandbox cannot have planted it (the
+        # untar refuses a symlink anywhere on the way, too).
+        wheels = f"/tmp/harombe-wheels-{secrets.token_hex(8)}"
         await self._untar(box, archive, root=wheels)
         argv = [
             "python3", "-m", "pip", "install", "--user", "--no-index", "--find-links", wheels,

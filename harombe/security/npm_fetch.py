@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import re
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,7 @@ async def fetch_tree(area: FetchArea, npm: str, spec_text: str) -> tuple[Path, s
             cwd=work,
             env=env,
             pass_fds=fds,
+            give=("package.json",),
         )
         if code != 0:
             raise _npm_failure(spec_text, output, work / "home" / "cache" / "_logs")
@@ -185,6 +187,9 @@ async def fetch_tree(area: FetchArea, npm: str, spec_text: str) -> tuple[Path, s
         except ValueError as exc:
             raise PackageFetchError(f"npm wrote an unreadable lockfile: {exc}") from None
         count = check_lockfile(lock)
+        # What npm ci installs is the lockfile as checked, in a new file harombe owns and the
+        # download user can only read: nothing can edit it between the check and the install.
+        await asyncio.to_thread(_write_new, lock_path, json.dumps(lock).encode())
         log.debug("package.lock_checked", spec=spec_text, packages=count)
         code, output = await area.run([npm, "ci", *common], cwd=work, env=env, pass_fds=fds)
         if code != 0:
@@ -198,8 +203,16 @@ async def fetch_tree(area: FetchArea, npm: str, spec_text: str) -> tuple[Path, s
     return modules, output
 
 
+def _write_new(path: Path, data: bytes) -> None:
+    """Replace ``path`` (in a directory only harombe can write) with a new 0644 file."""
+    path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+
+
 def _read_capped(path: Path, limit: int) -> bytes:
-    with open(path, "rb") as handle:
+    with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as handle:
         return handle.read(limit)
 
 
@@ -211,17 +224,42 @@ def _offender(output: str, logs: Path) -> str | None:
     unsupported = re.search(r"Unsupported URL Type \"[^\"]*\": (\S+)", output)
     if unsupported:
         return unsupported.group(1)
-    try:
-        text = "\n".join(
-            p.read_text("utf-8", "replace")[:LOG_MAX_BYTES] for p in logs.glob("*.log")
-        )
-    except OSError:
-        return None
+    text = _read_logs(logs)
     for found in PLACED.finditer(text):
         name, requirer, spec = found.groups()
         if not registry_range(spec):
             return f"{requirer or 'the request'}'s dependency {name}@{spec.strip()}"
     return None
+
+
+def _read_logs(logs: Path) -> str:
+    """npm's debug logs in ``logs``, a directory the download user wrote: every component is
+    opened without following links and only regular files are read (capped), so a planted
+    symlink (to a host secret) or FIFO is never followed or blocked on."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    parts = logs.parts
+    texts: list[str] = []
+    try:
+        fd = os.open(parts[0], flags | os.O_DIRECTORY)
+        for part in parts[1:]:
+            fd, parent = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd), fd
+            os.close(parent)
+    except OSError:
+        return ""
+    try:
+        for name in sorted(os.listdir(fd))[:64]:
+            if not name.endswith(".log"):
+                continue
+            try:
+                log_fd = os.open(name, flags, dir_fd=fd)
+            except OSError:
+                continue
+            with os.fdopen(log_fd, "rb") as handle:
+                if stat.S_ISREG(os.fstat(log_fd).st_mode):
+                    texts.append(handle.read(LOG_MAX_BYTES).decode("utf-8", "replace"))
+    finally:
+        os.close(fd)
+    return "\n".join(texts)
 
 
 def _npm_failure(spec_text: str, output: str, logs: Path) -> Exception:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
 import re
 import shutil
 import tarfile
@@ -122,15 +123,49 @@ def manylinux_platforms(machine: str, glibc: str) -> list[str]:
     return tags
 
 
-def _tar(paths: Sequence[Path]) -> bytes:
+#: What one install may copy into a sandbox: members and bytes (before compression).
+TAR_MAX_MEMBERS = 200_000
+TAR_MAX_BYTES = 6 << 30
+
+
+def _tar(paths: Sequence[Path], owner_uid: int) -> bytes:
     """``paths`` (files, or directories taken whole) as a tar.gz, each under its base name.
 
-    Links are stored as links, never followed."""
+    The trees were written by the download user: only its own regular files and symlinks and
+    directories are taken (links stored as links, never followed); a hard link, device, FIFO or
+    a file of anyone else's (a hard link to a host file, say) is refused, and so is a tree past
+    :data:`TAR_MAX_MEMBERS` or :data:`TAR_MAX_BYTES`."""
+    seen = {"members": 0, "bytes": 0}
+
+    def admit(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        seen["members"] += 1
+        seen["bytes"] += info.size
+        if seen["members"] > TAR_MAX_MEMBERS or seen["bytes"] > TAR_MAX_BYTES:
+            raise PackageFetchError(
+                f"the download holds more than {TAR_MAX_MEMBERS} files or "
+                f"{TAR_MAX_BYTES >> 20} MB; install a smaller package"
+            )
+        if not (info.isreg() or info.isdir() or info.issym()) or (
+            not info.isdir() and info.uid != owner_uid
+        ):
+            raise PackageFetchError(
+                f"the download holds {info.name!r}, which is not a file the download tool "
+                "wrote (a hard link, device or someone else's file); refused"
+            )
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        return info
+
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
         for path in paths:
-            tar.add(path, arcname=path.name)
+            tar.add(path, arcname=path.name, filter=admit)
     return buf.getvalue()
+
+
+def _owner(area: FetchArea) -> int:
+    """The uid that owns what the download tools of ``area`` write."""
+    return area.identity.uid if area.identity.uid is not None else os.geteuid()
 
 
 async def fetch_pypi(
@@ -150,7 +185,7 @@ async def fetch_pypi(
                 area, spec.text, target, manylinux_platforms(machine, glibc), constraints
             )
         log.debug("package.fetched", registry="pypi", spec=spec.text, files=len(wheels))
-        return await asyncio.to_thread(_tar, [w.path for w in wheels])
+        return await asyncio.to_thread(_tar, [w.path for w in wheels], _owner(area))
     except TimeoutError:
         raise PackageFetchError(
             f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
@@ -173,7 +208,7 @@ async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
     try:
         async with asyncio.timeout(FETCH_TIMEOUT_S):
             modules, output = await npm_fetch.fetch_tree(area, npm, spec.text)
-        archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()))
+        archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()), _owner(area))
         log.debug("package.fetched", registry="npm", spec=spec.text)
         return archive, output
     except TimeoutError:

@@ -45,14 +45,20 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security.fetch_runner import FetchArea, Identity, base_env, tail
+from harombe.security.fetch_runner import FILE_MAX_BYTES, FetchArea, Identity, base_env, tail
+from harombe.security.pip_guard import GUARD_MARK as GUARD_MARK
+from harombe.security.pip_guard import PIP_GUARD as PIP_GUARD
 
 log = structlog.get_logger(__name__)
 
 MAX_ROUNDS = 40
 MAX_DISTRIBUTIONS = 400
+#: All wheels of one install together (they are copied into the sandbox through memory).
+DOWNLOAD_MAX_BYTES = 6 << 30
 METADATA_MAX_BYTES = 4 * 1024 * 1024
-GUARD_MARK = "harombe-guard-refused"
+#: Members a wheel may have (its central directory is parsed whole, as root); the largest
+#: wheels on public indexes have some tens of thousands.
+ZIP_MAX_MEMBERS = 200_000
 #: pip settings from this machine's configuration that are passed on: where to download from
 #: and how to connect. Anything else (no-binary, build options, targets) is dropped, so the
 #: configuration cannot turn the download into a build.
@@ -63,31 +69,6 @@ PIP_SETTINGS = frozenset(
         "prefer-binary", "keyring-provider", "use-feature", "resume-retries",
     }
 )  # fmt: skip
-#: Runs pip with an audit hook that refuses to start programs (pip builds and VCS checkouts are
-#: always subprocesses) or import build tools. The refusal is an OSError, which pip and its
-#: vendored libraries catch around their optional probes (`rustc --version`, `lsb_release`);
-#: anything else pip needed fails the download, loudly.
-#: Started with ``-I -S``: sys.path is the standard library plus argv[1], a directory that
-#: holds pip and nothing else, so no build backend is even on the path.
-PIP_GUARD = f"""
-import sys
-_BUILD_TOOLS = frozenset(("setuptools", "distutils", "_distutils_hack", "pkg_resources",
-    "wheel", "hatchling", "flit_core", "poetry", "pdm", "maturin", "mesonpy",
-    "scikit_build_core", "Cython", "pbr", "sipbuild", "enscons", "pyproject_hooks", "build"))
-_SPAWN = frozenset(("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-    "os.fork", "os.forkpty", "pty.spawn"))
-def _guard(event, args):
-    if event in _SPAWN:
-        raise PermissionError("{GUARD_MARK}: pip tried to start a program (%s %r)"
-                              % (event, args[:2]))
-    if event == "import" and str(args[0]).split(".")[0] in _BUILD_TOOLS:
-        raise ImportError("{GUARD_MARK}: pip tried to import the build tool %s" % (args[0],))
-sys.addaudithook(_guard)
-sys.path.insert(0, sys.argv.pop(1))
-import runpy
-sys.argv[0] = "pip"
-runpy.run_module("pip", run_name="__main__", alter_sys=True)
-"""
 
 
 @dataclass(frozen=True)
@@ -236,9 +217,14 @@ def read_requires_dist(path: Path) -> list[str]:
     ``METADATA_MAX_BYTES``."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            raise PackageFetchError(f"{path.name} is not a regular file")
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            # A hard link could be another file of the host's, not something pip downloaded.
+            raise PackageFetchError(f"{path.name} is not a regular file of pip's own")
         try:
+            end = zipfile._EndRecData(handle)  # type: ignore[attr-defined]  # stable since 2.x
+            if end is None or end[zipfile._ECD_ENTRIES_TOTAL] > ZIP_MAX_MEMBERS:  # type: ignore[attr-defined]
+                raise zipfile.BadZipFile(f"not a zip, or over {ZIP_MAX_MEMBERS} members")
             with zipfile.ZipFile(handle) as wheel:
                 members = [
                     i
@@ -452,6 +438,12 @@ async def resolve(
             if old is not None and old.version == got.version:
                 raise PackageFetchError(f"could not settle a version of {want.pip_text}")
             picks[want.name] = got
+        total_bytes = sum(w.path.stat().st_size for w in picks.values())
+        if total_bytes > DOWNLOAD_MAX_BYTES:
+            raise PackageFetchError(
+                f"the wheels of {root_text} exceed {DOWNLOAD_MAX_BYTES >> 20} MB together; "
+                "install a smaller package"
+            )
         log.debug("package.level_fetched", spec=root_text, wheels=[w.pip_text for w in todo])
     raise PackageFetchError(
         f"the dependencies of {root_text} did not settle within {MAX_ROUNDS} rounds; pin "
@@ -461,10 +453,15 @@ async def resolve(
 
 def _pip_failure(todo: Sequence[Want], target: Target, output: str) -> PackageFetchError:
     asked = ", ".join(f"{w.pip_text} (needed by {w.needed_by})" for w in todo)
+    if "File too large" in output or "EFBIG" in output:
+        return PackageFetchError(
+            f"a file of {asked} is larger than the download cap "
+            f"({FILE_MAX_BYTES >> 20} MB per file); install a smaller package"
+        )
     if GUARD_MARK in output:
         return PackageFetchError(
-            f"pip tried to run a program or build tool while downloading {asked}; refused, "
-            f"nothing ran:\n{tail(output)}"
+            f"pip tried to run a program, import a build tool or read a host file while "
+            f"downloading {asked}; refused, nothing ran:\n{tail(output)}"
         )
     if "No matching distribution" in output or "from versions: none" in output:
         return PackageFetchError(

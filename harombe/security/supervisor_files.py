@@ -135,12 +135,13 @@ class Walk:
     """Descriptors of the directories from ``root`` down to the current one, held while an
     operation runs (closed on exit); ``pending`` holds the names still to walk, last first."""
 
-    def __init__(self, root, rel):
+    def __init__(self, root, rel, root_fd=None):
         self.root = root
         self.rel = rel
-        self.pending = components(rel)[::-1]
+        self.pending = components(rel.lstrip("/") if root_fd is None and root == "/" else rel)
+        self.pending.reverse()
         self.links = 0
-        fd = os.open(root, WALK_FLAGS)
+        fd = os.open(root if root_fd is None else ".", WALK_FLAGS, dir_fd=root_fd)
         self.fds = [fd]
         if not stat.S_ISDIR(os.fstat(fd).st_mode):
             self.close()
@@ -352,11 +353,7 @@ def op_list(msg, _blob):
     """The first ``max_entries`` entries of a directory by name, with the total count."""
     cap = max(0, min(int(msg.get("max_entries", MAX_LIST_ENTRIES)), MAX_LIST_ENTRIES))
     with Walk(msg["root"], msg["path"]) as walk:
-        while True:
-            name = walk.last()
-            if name is None:
-                break
-            walk.enter(name)  # a directory, or a symlink whose target is queued
+        enter_all(walk)
         fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=walk.dir_fd)
     try:
         return listing(fd, cap), b""
@@ -421,33 +418,76 @@ def json_bytes(text):
 
 
 def op_untar(msg, blob):
-    """Unpack a tar (made by the host) below ``root``; every member must stay inside it."""
+    """Unpack a tar made by the host below absolute ``root``, never following a link: ``root``
+    and each member's directories are walked like workspace paths (a symlink anywhere is
+    refused, naming its target), files are written by :func:`replace` (an existing entry is
+    replaced, never written through), and only files, directories and symlinks that stay
+    inside ``root`` are accepted. Modes keep at most 0755."""
     import io
-
-    root = msg["root"]
-    os.makedirs(root, exist_ok=True)
     import tarfile  # only package installs need it; importing it costs start-up time
 
+    root = os.path.normpath(msg["root"])
+    if not root.startswith("/") or root == "/":
+        raise Refused("WorkspacePathError", "untar root %s must be absolute" % shown(root))
+    dirs = {}  # member directory (relative) -> descriptor, walked once per unpack
     try:
-        return _untar(tarfile.open(fileobj=io.BytesIO(blob), mode="r:*"), root)
+        with tarfile.open(fileobj=io.BytesIO(blob), mode="r:*") as tar:
+            with Walk("/", root) as base:
+                enter_all(base, create=True)
+                dirs[""] = os.dup(base.dir_fd)
+            count = 0
+            for m in tar:
+                unpack(tar, m, dirs, root)
+                count += 1
     except tarfile.TarError as exc:
         raise Refused("TarError", str(exc)) from None
+    finally:
+        for fd in dirs.values():
+            os.close(fd)
+    return {"members": count}, b""
 
 
-def _untar(tar, root):
-    with tar:
-        members = tar.getmembers()
-        for m in members:
-            target = os.path.normpath(os.path.join(root, m.name))
-            bad = not (target == root or target.startswith(root + "/"))
-            if m.issym():
-                dest = os.path.normpath(os.path.join(os.path.dirname(target), m.linkname))
-                bad = bad or os.path.isabs(m.linkname) or not dest.startswith(root + "/")
-            if bad or m.islnk() or m.isdev() or m.isfifo():
-                raise Refused("WorkspacePathError", "archive member %r is not allowed" % m.name)
-            m.mode &= 0o755
-        tar.extractall(root, members=members)
-    return {"members": len(members)}, b""
+def enter_all(walk, create=False):
+    """Walk every pending name as a directory (refusing symlinks); ``walk.dir_fd`` is the end."""
+    while True:
+        name = walk.last(create)
+        if name is None:
+            return
+        walk.enter(name, create)
+
+
+def unpack(tar, m, dirs, root):
+    target = os.path.normpath(os.path.join(root, m.name))
+    bad = not target.startswith(root + "/") or not (m.isfile() or m.isdir() or m.issym())
+    if m.issym():
+        dest = os.path.normpath(os.path.join(os.path.dirname(target), m.linkname))
+        bad = bad or os.path.isabs(m.linkname) or not dest.startswith(root + "/")
+    if bad:
+        raise Refused("WorkspacePathError", "archive member %s is not allowed" % shown(m.name))
+    rel = target[len(root) + 1 :]
+    parent, name = (rel, None) if m.isdir() else os.path.split(rel)
+    dir_fd = held_dir(dirs, parent, root)
+    if name is None:
+        return
+    if m.issym():
+        temp = TEMP_PREFIX + os.urandom(8).hex()
+        os.symlink(m.linkname, temp, dir_fd=dir_fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return
+    source = tar.extractfile(m)
+    replace(dir_fd, name, source.read() if source else b"", m.mode & 0o755)
+
+
+def held_dir(dirs, rel, root):
+    """The descriptor of directory ``rel`` below the unpack root, walked (and made) one
+    component at a time from the nearest one already held, never through a symlink."""
+    if rel in dirs:
+        return dirs[rel]
+    above, name = os.path.split(rel)
+    with Walk(root, name, root_fd=held_dir(dirs, above, root)) as walk:
+        enter_all(walk, create=True)
+        dirs[rel] = os.dup(walk.dir_fd)
+    return dirs[rel]
 
 
 def guarded(fn):

@@ -1,0 +1,70 @@
+"""The guard pip runs under on the host: a script for ``python -I -S -c``.
+
+It installs an audit hook in pip's own process before pip is imported, so that whatever an
+index serves, pip cannot start a program (builds and VCS checkouts are subprocesses), import a
+build tool, or read a file outside its work directory, its own code, the system's (``/usr``,
+``/etc``, …) and the local sources the configuration names; and it caps pip's address space.
+``-I -S`` keep the work directory, ``PYTHON*`` variables, ``.pth`` files and
+``sitecustomize`` out of the interpreter. Used by :mod:`harombe.security.pypi_fetch`.
+"""
+
+from __future__ import annotations
+
+#: Address space of the guarded pip (a zip with millions of members must not exhaust the host).
+PIP_MEMORY_MAX_BYTES = 4 << 30
+GUARD_MARK = "harombe-guard-refused"
+
+#: Runs pip with an audit hook that refuses to start programs (pip builds and VCS checkouts are
+#: always subprocesses), import build tools, or read files outside its own directory, its own
+#: code, the system's (/usr, /etc, …) and the local sources the configuration names (an index
+#: page linking ``file:///…`` must not make pip copy a host file into the sandbox). The
+#: refusal is an OSError, which pip and its vendored libraries catch around their optional
+#: probes (`rustc --version`, `lsb_release`); anything else pip needed fails the download.
+#: Started with ``-I -S``: sys.path is the standard library plus argv[1], a directory that
+#: holds pip and nothing else, so no build backend is even on the path.
+PIP_GUARD = f"""
+import sys
+_BUILD_TOOLS = frozenset(("setuptools", "distutils", "_distutils_hack", "pkg_resources",
+    "wheel", "hatchling", "flit_core", "poetry", "pdm", "maturin", "mesonpy",
+    "scikit_build_core", "Cython", "pbr", "sipbuild", "enscons", "pyproject_hooks", "build"))
+_SPAWN = frozenset(("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+    "os.fork", "os.forkpty", "pty.spawn"))
+import os
+_CWD = os.getcwd()
+_ROOTS = [_CWD, sys.argv[1], os.path.realpath(os.path.join(sys.argv[1], "pip")), sys.prefix,
+    sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, "/usr", "/etc", "/dev", "/proc",
+    "/sys", "/lib", "/lib64"]
+for _key in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CERT",
+             "PIP_CLIENT_CERT", "PIP_CONSTRAINT",
+             "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"):
+    for _value in os.environ.get(_key, "").split():
+        if _value.startswith("file:") or "://" not in _value:
+            _path = _value[5:] if _value.startswith("file:") else _value
+            # A local index's pages link to files beside its pages (``../files/x.whl``).
+            _ROOTS.append(os.path.dirname(os.path.normpath(_path)) if "INDEX" in _key else _path)
+_ROOTS = tuple(r for r in {{os.path.normpath(r) for r in _ROOTS if r}} if r not in ("/", "//"))
+def _local(path):
+    if isinstance(path, int):
+        return
+    path = os.path.normpath(os.path.join(_CWD, os.fsdecode(path)))
+    if not any(path == r or path.startswith(r + "/") for r in _ROOTS):
+        raise PermissionError("{GUARD_MARK}: pip tried to read %s, a host file outside its "
+                              "directory and the configured sources" % (path,))
+def _guard(event, args):
+    if event in ("open", "os.listdir", "os.scandir") and args and args[0] is not None:
+        _local(args[0])
+    if event == "shutil.copyfile":
+        _local(args[0])
+    if event in _SPAWN:
+        raise PermissionError("{GUARD_MARK}: pip tried to start a program (%s %r)"
+                              % (event, args[:2]))
+    if event == "import" and str(args[0]).split(".")[0] in _BUILD_TOOLS:
+        raise ImportError("{GUARD_MARK}: pip tried to import the build tool %s" % (args[0],))
+import resource
+resource.setrlimit(resource.RLIMIT_AS, ({PIP_MEMORY_MAX_BYTES}, {PIP_MEMORY_MAX_BYTES}))
+sys.addaudithook(_guard)
+sys.path.insert(0, sys.argv.pop(1))
+import runpy
+sys.argv[0] = "pip"
+runpy.run_module("pip", run_name="__main__", alter_sys=True)
+"""
