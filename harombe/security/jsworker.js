@@ -125,6 +125,56 @@ function poolBusy() {
   return busy;
 }
 
+// A pool thread is seen busy only once it has picked its job up, and on a loaded host that can
+// be after the call looked. So jobs are also counted as they are handed to the pool (a crypto
+// job's run() with a callback, a compression stream's async write) and as their callbacks
+// come back; these bindings are what every crypto and zlib API uses underneath.
+let poolJobs = 0;
+function countPoolJobs() {
+  const quiet = process.emitWarning; // the module warns that it is internal: we know
+  process.emitWarning = () => {};
+  let internalBinding;
+  try {
+    ({ internalBinding } = require('internal/test/binding'));
+  } finally {
+    process.emitWarning = quiet;
+  }
+  const apply = Function.prototype.apply;
+  const done = (fn) => function jobDone(...args) {
+    if (poolJobs > 0) poolJobs--;
+    return call(apply, fn, this, args);
+  };
+  const crypto = internalBinding('crypto');
+  for (const name of Object.keys(crypto)) {
+    const proto = /Job$/.test(name) && crypto[name] && crypto[name].prototype;
+    if (!proto || typeof proto.run !== 'function') continue;
+    const run = proto.run;
+    proto.run = function run_(...args) {
+      if (typeof this.ondone === 'function') { // async mode: the pool calls ondone back
+        poolJobs++;
+        this.ondone = done(this.ondone);
+      }
+      return call(apply, run, this, args);
+    };
+  }
+  const zlib = internalBinding('zlib');
+  for (const name of Object.keys(zlib)) {
+    const proto = zlib[name] && zlib[name].prototype;
+    if (!proto || typeof proto.write !== 'function' || typeof proto.init !== 'function') continue;
+    const { write, init } = proto;
+    proto.write = function write_(...args) {
+      poolJobs++; // each async write calls back the function init was given
+      return call(apply, write, this, args);
+    };
+    proto.init = function init_(...args) {
+      for (let i = 0; i < args.length; i++) {
+        if (typeof args[i] === 'function') args[i] = done(args[i]);
+      }
+      return call(apply, init, this, args);
+    };
+  }
+}
+
 function summary(counts) {
   let text = '';
   let n = 0;
@@ -147,7 +197,8 @@ async function settle() {
     const unref = leftWork();
     if (unref) return summary(unref);
     let work = refWork();
-    const busy = poolBusy();
+    const running = poolBusy();
+    const busy = running < 0 ? -1 : (running > poolJobs ? running : poolJobs);
     if (busy) {
       work = work || { __proto__: null };
       work[busy < 0 ? 'thread-pool state that could not be read' : 'thread-pool job'] = busy;
@@ -236,7 +287,8 @@ let buffer = Buffer.alloc(0);
 // so a stat starts it now): the supervisor counts any thread beyond these as user code's.
 let queue = new PromiseCtor((resolve) => {
   fs.stat('/', () => {
-    try { findPool(); } catch { /* no /proc: pool jobs go unseen, as they did */ }
+    try { findPool(); } catch { /* no /proc: pool jobs are seen only by their count */ }
+    try { countPoolJobs(); } catch { /* another Node: running pool jobs are still seen */ }
     reply({ ready: true, threads: fs.readdirSync('/proc/self/task').slice(0, 256) });
     resolve();
   });

