@@ -2,13 +2,131 @@
 
 Part of the supervisor's source (see ``supervisor_sessions.py``): :class:`Output` captures a
 run's stdout and stderr (capped in bytes, streamed if asked) and :class:`Run` supervises one
-child process and everything it starts. Helpers such as ``send``, ``child_setup`` and
-``kill_all_others`` come from ``supervisor.py``.
+child process and everything it starts; :func:`sweep` ends everything a run or a call
+leaves behind. Helpers such as ``send`` and ``child_setup`` come from ``supervisor.py``.
 """
 
 import os
 import signal
 import time
+
+#: Session interpreters (see supervisor_sessions.py): spared by the sweeps that end a call.
+PROTECTED = set()
+#: How long a sweep waits for its stops and kills to take effect before it kills the
+#: interpreters too: a stop takes well under a millisecond, but a loaded host can delay it.
+SETTLE_S = 2.0
+SETTLE_POLL_S = 0.0002
+
+
+def kill_all_others(spare_sessions=True):
+    """End every process in the sandbox except PID 1 (ourselves) and, unless told otherwise,
+    the session interpreters, which are left stopped (see :func:`sweep`). Returns whether any
+    process was found."""
+    if not spare_sessions:
+        PROTECTED.clear()
+    return sweep()
+
+
+def settled(pid):
+    """Whether nothing of ``pid`` can still be inside a fork: it has stopped (every thread of
+    it), or it is dead.
+
+    For our own children (the interpreters, and orphans we inherited) ``waitid`` with WNOWAIT
+    asks without collecting anything: it answers once the whole thread group has stopped, or
+    once it has exited. Anything else is read from /proc: a zombie is done forking."""
+    try:
+        return os.waitid(os.P_PID, pid, WAIT_QUERY) is not None
+    except ChildProcessError:
+        pass  # not ours (or already collected): ask /proc
+    except OSError:
+        return True
+    try:
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
+    except OSError:
+        return True  # gone
+    try:
+        data = os.read(fd, 512)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    # stopped (it cannot fork, and a kill it holds takes it when continued) or dead
+    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"T", b"t", b"Z", b"X", b"x")
+
+
+WAIT_QUERY = os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT
+
+
+def wait_settled(pids, deadline):
+    """Wait until every one of ``pids`` has :func:`settled`; False if the deadline came first."""
+    pending = list(pids)
+    while True:
+        pending = [pid for pid in pending if not settled(pid)]
+        if not pending:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(SETTLE_POLL_S)
+
+
+def signal_quietly(pid, sig):
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def sweep():
+    """Stop everything at once, then kill every process but the session interpreters; repeat
+    until a round finds no process it has not already killed. Returns whether any was found.
+
+    ``kill(-1, SIGSTOP)`` reaches every process but ourselves in one step, and a stopped process
+    cannot fork, so a chain of processes that fork and exit (each gone before a listing of
+    /proc could name it) is caught whole. A signal takes effect only when its target leaves the
+    kernel, though: a process inside ``fork`` when the stop or the kill came creates its child
+    a moment later, possibly after our listing. So each round first waits until the
+    interpreters have stopped and what the last round killed has died (:func:`settled`), and
+    only then lists: a child born of a fork in flight is listed, and makes another round. The
+    interpreters stay stopped: nothing of theirs runs between calls (a run continues them, see
+    ``Worker.thaw``). Zombies stay listed until reaped, so a pid is killed once. What does not
+    settle in time fails closed: the interpreters are killed too (their sessions say so).
+    """
+    killed = set()
+    dying = []
+    escalated = False
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        try:
+            os.kill(-1, signal.SIGSTOP)
+        except ProcessLookupError:
+            break
+        calm = wait_settled(list(PROTECTED) + dying, deadline)
+        fresh = False
+        dying = []
+        for name in os.listdir("/proc"):
+            if name.isdigit() and name != "1":
+                pid = int(name)
+                if pid in PROTECTED:
+                    continue
+                dying.append(pid)
+                if pid not in killed:
+                    killed.add(pid)
+                    fresh = True
+                    signal_quietly(pid, signal.SIGKILL)
+        if calm and not fresh:
+            break
+        if not calm or time.monotonic() > deadline:
+            if escalated:
+                break  # nothing more can be done: what is left is already dying
+            escalated = True
+            deadline = time.monotonic() + SETTLE_S
+            for pid in list(PROTECTED):  # not settling in time: the interpreters go too
+                PROTECTED.discard(pid)
+                killed.add(pid)
+                dying.append(pid)
+                signal_quietly(pid, signal.SIGKILL)
+                signal_quietly(pid, signal.SIGCONT)
+    return bool(killed)
 
 
 class Output:
