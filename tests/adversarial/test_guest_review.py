@@ -53,6 +53,20 @@ FORGED_THEN_BEAT = (
     "    open('/tmp/beat', 'w').close()\n    time.sleep(0.01)"
 )
 
+# The forged reply ends the call while the interpreter forks without pause: a fork in flight
+# when the sweep stops it must not leave a child running between calls.
+FORGED_THEN_FORK = (
+    "import os, sys, json, struct, signal, time\nsignal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+    "f = sys._getframe()\nwhile f is not None and 'request' not in f.f_locals:\n"
+    "    f = f.f_back\ncell = f.f_locals['request']['cell']\n"
+    "data = json.dumps({'cell': cell, 'exit_code': 0, 'result': 'forged', "
+    "'cpu_s': 0, 'maxrss_kb': 0}).encode()\n"
+    "os.write(4, struct.pack('>II', len(data), 0) + data)\nwhile True:\n    try:\n"
+    "        pid = os.fork()\n    except OSError:\n        continue\n    if pid == 0:\n"
+    "        for _ in range(100):\n            open('/tmp/beat', 'w').close()\n"
+    "            time.sleep(0.01)\n        os._exit(0)"
+)
+
 BACKGROUND = [
     # A thread that keeps forking: the supervisor lets the worker run a moment while it waits
     # for leftover threads to exit, and a child forked then must not survive the restart.
@@ -130,6 +144,7 @@ BACKGROUND = [
     # process group with a stopped member gets SIGCONT under gVisor.
     ("python", FORGED_THEN_BEAT.format(join=""), {}),
     ("python", FORGED_THEN_BEAT.format(join="os.setpgid(0, 1)"), {}),
+    ("python", FORGED_THEN_FORK, {}),
     # Thread-pool work is not among Node's active resources.
     ("javascript", JS_BEAT + "require('crypto').pbkdf2('a', 'b', 4e5, 64, 'sha512', beat);", {}),
     ("javascript", JS_BEAT + "require('zlib').gzip(Buffer.alloc(50e6, 7), beat);", {}),
@@ -143,8 +158,8 @@ BACKGROUND_IDS = [
     "js-abortsignal-timeout-chain", "js-unref-immediate-chain", "js-patched-builtins",
     "js-throwing-interval", "js-exit-handlers", "js-atomics-wait-worker",
     "js-child-sigcont-everyone", "py-thread-forks-when-thawed", "py-forged-sighup-ignored",
-    "py-forged-in-supervisor-pgrp", "js-crypto-pool-job", "js-zlib-pool-job",
-    "js-endless-pool-job",
+    "py-forged-in-supervisor-pgrp", "py-forged-then-fork-storm", "js-crypto-pool-job",
+    "js-zlib-pool-job", "js-endless-pool-job",
 ]  # fmt: skip
 
 
