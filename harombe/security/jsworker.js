@@ -144,17 +144,26 @@ function countPoolJobs() {
     if (poolJobs > 0) poolJobs--;
     return call(apply, fn, this, args);
   };
+  // Counted before the hand-over (a callback cannot come sooner) and uncounted if the
+  // hand-over throws: a refused job never calls back and must not hold the call open.
+  const submit = (fn, self, args) => {
+    poolJobs++;
+    try {
+      return call(apply, fn, self, args);
+    } catch (err) {
+      if (poolJobs > 0) poolJobs--;
+      throw err;
+    }
+  };
   const crypto = internalBinding('crypto');
   for (const name of Object.keys(crypto)) {
     const proto = /Job$/.test(name) && crypto[name] && crypto[name].prototype;
     if (!proto || typeof proto.run !== 'function') continue;
     const run = proto.run;
     proto.run = function run_(...args) {
-      if (typeof this.ondone === 'function') { // async mode: the pool calls ondone back
-        poolJobs++;
-        this.ondone = done(this.ondone);
-      }
-      return call(apply, run, this, args);
+      if (typeof this.ondone !== 'function') return call(apply, run, this, args); // sync mode
+      this.ondone = done(this.ondone); // async mode: the pool calls ondone back
+      return submit(run, this, args);
     };
   }
   const zlib = internalBinding('zlib');
@@ -162,10 +171,8 @@ function countPoolJobs() {
     const proto = zlib[name] && zlib[name].prototype;
     if (!proto || typeof proto.write !== 'function' || typeof proto.init !== 'function') continue;
     const { write, init } = proto;
-    proto.write = function write_(...args) {
-      poolJobs++; // each async write calls back the function init was given
-      return call(apply, write, this, args);
-    };
+    // each async write calls back the function init was given
+    proto.write = function write_(...args) { return submit(write, this, args); };
     proto.init = function init_(...args) {
       for (let i = 0; i < args.length; i++) {
         if (typeof args[i] === 'function') args[i] = done(args[i]);

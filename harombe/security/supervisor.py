@@ -27,8 +27,8 @@ delivers signals to PID 1 like to any process, so being init protects nothing by
 interpreter in its own process group of ours: see :func:`child_setup`); when a run
 ends every process in the sandbox is stopped at once and all but the session interpreters
 are killed (``sweep`` in ``supervisor_runs.py``), so nothing a call starts outlives the
-call, and the interpreters stay stopped until their next run: between calls no user code runs at all, so every limit binds at
-all times. A session interpreter runs user code, so it is untrusted too: its frames are
+call, and the interpreters stay stopped until their next run: between calls no user code
+runs at all, so every limit binds at all times. A session interpreter runs user code, so it is untrusted too: its frames are
 checked and capped, and one that breaks the protocol or keeps a thread past its call is killed
 and the call reports ``state_lost`` with a warning (see ``supervisor_sessions.py``).
 """

@@ -27,34 +27,39 @@ def kill_all_others(spare_sessions=True):
     return sweep()
 
 
+#: Asks whether a child has stopped or exited, and collects nothing (the main loop reaps).
+WAIT_QUERY = os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT
+#: /proc states of a process that cannot be inside a fork: stopped (a kill it holds takes it
+#: when continued), traced-stopped, or dead.
+SETTLED_STATES = (b"T", b"t", b"Z", b"X", b"x")
+
+
 def settled(pid):
     """Whether nothing of ``pid`` can still be inside a fork: it has stopped (every thread of
     it), or it is dead.
 
     For our own children (the interpreters, and orphans we inherited) ``waitid`` with WNOWAIT
     asks without collecting anything: it answers once the whole thread group has stopped, or
-    once it has exited. Anything else is read from /proc: a zombie is done forking."""
+    once it has exited. Anything else is read from /proc: a zombie is done forking. What
+    cannot be read counts as not settled (the sweep's deadline decides), unless it is gone."""
     try:
         return os.waitid(os.P_PID, pid, WAIT_QUERY) is not None
-    except ChildProcessError:
-        pass  # not ours (or already collected): ask /proc
     except OSError:
-        return True
+        pass  # not ours (or already collected): /proc says
     try:
         fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY)
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return True  # gone
+    except OSError:
+        return False
     try:
         data = os.read(fd, 512)
     except OSError:
-        return True
+        return False
     finally:
         os.close(fd)
-    # stopped (it cannot fork, and a kill it holds takes it when continued) or dead
-    return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] in (b"T", b"t", b"Z", b"X", b"x")
-
-
-WAIT_QUERY = os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT
+    state = data.rfind(b")") + 2  # the state follows the name, which may hold a ")"
+    return data[state : state + 1] in SETTLED_STATES
 
 
 def wait_settled(pids, deadline):
