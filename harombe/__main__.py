@@ -20,8 +20,8 @@ def _quiet_logs(verbose: bool) -> None:
 
 async def demo() -> int:
     """Run Python, JavaScript and shell in gVisor sandboxes and print what came back."""
-    from harombe.security.docker_manager import DockerManager
-    from harombe.security.sandbox_manager import SandboxManager
+    from harombe.security.runtime.docker import DockerManager
+    from harombe.security.runtime.manager import SandboxManager
     from harombe.tools.code_execution import CodeExecutionTools
 
     docker_manager = DockerManager()
@@ -77,8 +77,8 @@ async def _session_demo(tools: Any) -> int:
 async def _gate_demo(sandbox_manager: Any) -> int:
     """The HITL gate with an approver that allows up to HIGH: ordinary code runs, a download
     piped into a shell is refused before any container exists. Returns the number of surprises."""
-    from harombe.security.approvers import approve_up_to
-    from harombe.security.hitl import HITLGate
+    from harombe.security.approval.approvers import approve_up_to
+    from harombe.security.approval.gate import HITLGate
     from harombe.tools.code_execution import CodeExecutionTools
 
     tools = CodeExecutionTools(
@@ -104,7 +104,7 @@ async def doctor() -> int:
     """Check Docker, the runsc runtime and the sandbox image; say what to fix."""
     from harombe.config import load_config
     from harombe.errors import HarombeError
-    from harombe.security.docker_manager import DockerManager
+    from harombe.security.runtime.docker import DockerManager
 
     config = load_config().security.sandbox
     manager = DockerManager()

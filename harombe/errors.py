@@ -1,7 +1,7 @@
 """Every exception harombe raises, and nothing else.
 
 Foreign errors (the Docker SDK's, the operating system's) are mapped to these in exactly one
-place, ``harombe.security.docker_manager``. Each message says what went wrong *and* how to fix it.
+place, ``harombe.security.runtime.docker``. Each message says what went wrong *and* how to fix it.
 
 User code that fails (non-zero exit, exception, timeout, out of memory) is never an exception: it
 comes back as data in the result. Only infrastructure faults, policy refusals and misuse raise::

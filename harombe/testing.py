@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from harombe.security.hitl import ApprovalRequest, ApprovalResponse
+from harombe.security.approval.gate import ApprovalRequest, ApprovalResponse
 
 __all__ = ["ScriptedApprover", "capture_events"]
 

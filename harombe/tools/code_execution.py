@@ -33,12 +33,12 @@ from typing import Any
 import structlog
 
 from harombe.errors import HarombeError, InvalidArgumentError, UsageError
-from harombe.security.channel import OutputCallback
-from harombe.security.hitl import ApprovalDecision, HITLGate, Operation
-from harombe.security.netpolicy import Allowlist
-from harombe.security.paths import exact_str, is_a, preview
-from harombe.security.sandbox_manager import SandboxManager
-from harombe.security.streaming import OutputChunk, iterate
+from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
+from harombe.security.policy.netpolicy import Allowlist
+from harombe.security.policy.paths import exact_str, is_a, preview
+from harombe.security.runtime.channel import OutputCallback
+from harombe.security.runtime.manager import SandboxManager
+from harombe.security.runtime.streaming import OutputChunk, iterate
 from harombe.tools.params import (
     TOOL_ARGS,
     CodeExecuteArgs,

@@ -23,12 +23,13 @@ booleans           ``network_enabled``, ``fresh``: ``True`` or ``False`` only. T
                    bash as one argument, so it may not hold NUL and is at most 131071 bytes.
 ``sandbox_id``     a string; one that is not shaped like ``sandbox-0123456789ab`` is reported
                    as ``SandboxNotFoundError``, like an unknown id.
-file paths         :func:`harombe.security.paths.workspace_relative`: the normalised path
+file paths         :func:`harombe.security.policy.paths.workspace_relative`: the normalised path
                    relative to ``/workspace``; ambiguous paths are refused (trailing ``/`` on a
                    file, spaces or dots at the end of a name, backslashes, invisible
                    characters, non-NFC text, ``..``).
 ``package``        a string of at most 1024 characters, stripped of surrounding white space,
-                   that :func:`harombe.security.packages.parse_spec` accepts for ``registry``.
+                   that :func:`~harombe.security.runtime.packages.parse_spec` accepts for
+                   ``registry``.
 ``registry``       ``pypi`` or ``npm``.
 ``allowed_domains`` a list (or tuple) of at most 256 host names, each checked as the egress
                    proxy will read it; a single string is refused (it is not a list). Given
@@ -64,9 +65,9 @@ from harombe.errors import (
     InvalidArgumentError,
     PackageSpecError,
 )
-from harombe.security import packages
-from harombe.security.netpolicy import Allowlist
-from harombe.security.paths import exact_str, is_a, preview
+from harombe.security.policy.netpolicy import Allowlist
+from harombe.security.policy.paths import exact_str, is_a, preview
+from harombe.security.runtime import packages
 from harombe.tools.readers import (
     _ERROR,
     MAX_DOMAIN_CHARS,

@@ -14,8 +14,8 @@ from pydantic_core import PydanticCustomError
 
 from harombe.config import Limits
 from harombe.errors import HarombeError, InvalidArgumentError, SandboxNotFoundError
-from harombe.security.paths import exact_str, is_a, preview, type_name, workspace_relative
-from harombe.security.sandbox import check_sandbox_id
+from harombe.security.policy.paths import exact_str, is_a, preview, type_name, workspace_relative
+from harombe.security.runtime.sandbox import check_sandbox_id
 
 _SANDBOX_ID = re.compile(r"sandbox-[0-9a-f]{12}", re.ASCII)
 MAX_PACKAGE_CHARS = 1024

@@ -19,7 +19,7 @@ import pytest
 from harombe.config import LANGUAGES, load_config, parse_config
 from harombe.security.docker_manager import DockerManager
 from harombe.security.hitl import ApprovalResponse, HITLGate, gate_from_config
-from harombe.security.sandbox import LABEL_MANAGER, LABEL_SANDBOX
+from harombe.security.runtime.sandbox import LABEL_MANAGER, LABEL_SANDBOX
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.testing import ScriptedApprover
 from harombe.tools.code_execution import CodeExecutionTools

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from harombe.security import egress
-from harombe.security.egress import EgressProxy
-from harombe.security.netpolicy import Allowlist
+from harombe.security.policy.netpolicy import Allowlist
+from harombe.security.runtime import egress
+from harombe.security.runtime.egress import EgressProxy
 from harombe.testing import capture_events
 from harombe.tools.code_execution import CodeExecutionTools
 from tests.integration.test_network import (  # noqa: F401 - fixtures used by name

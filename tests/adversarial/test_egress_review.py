@@ -23,9 +23,9 @@ from typing import Any, cast
 import pytest
 
 from harombe.errors import InfrastructureError
-from harombe.security import egress
-from harombe.security.egress import ConnectionBudget, EgressProxy
-from harombe.security.netpolicy import Allowlist
+from harombe.security.policy.netpolicy import Allowlist
+from harombe.security.runtime import egress
+from harombe.security.runtime.egress import ConnectionBudget, EgressProxy
 from harombe.testing import capture_events
 from harombe.tools.code_execution import CodeExecutionTools
 from tests.adversarial.test_egress import Origin, exchange, o

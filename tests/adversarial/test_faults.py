@@ -24,8 +24,8 @@ import pytest
 
 from harombe.config import load_config, parse_config
 from harombe.errors import DockerUnavailableError, HarombeError
-from harombe.security.channel import Channel
 from harombe.security.docker_manager import DockerManager
+from harombe.security.runtime.channel import Channel
 from harombe.security.sandbox_manager import SandboxManager
 
 DOCKER_SOCKET = "/var/run/docker.sock"

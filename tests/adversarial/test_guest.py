@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from harombe.errors import SandboxLostError
-from harombe.security.channel import Channel, FrameDecoder, ProtocolError, encode
+from harombe.security.runtime.channel import Channel, FrameDecoder, ProtocolError, encode
 from harombe.tools.code_execution import CodeExecutionTools
 
 BEAT = "/tmp/beat"

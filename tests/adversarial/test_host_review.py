@@ -27,9 +27,12 @@ from typing import Any
 import pytest
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security import fetch_runner, npm_fetch, packages, pypi_fetch
-from harombe.security.fetch_runner import FetchArea
-from harombe.security.sandbox import HOME
+from harombe.security.runtime import packages
+from harombe.security.runtime.packages import fetch_runner
+from harombe.security.runtime.packages import npm as npm_fetch
+from harombe.security.runtime.packages import pypi as pypi_fetch
+from harombe.security.runtime.packages.fetch_runner import FetchArea
+from harombe.security.runtime.sandbox import HOME
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.tools.code_execution import CodeExecutionTools
 from tests.adversarial.test_packages import (

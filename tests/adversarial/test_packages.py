@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security import packages
-from harombe.security.fetch_runner import FetchArea
-from harombe.security.pypi_fetch import PIP_GUARD, pip_env, pip_runtime
+from harombe.security.runtime import packages
+from harombe.security.runtime.packages.fetch_runner import FetchArea
+from harombe.security.runtime.packages.pypi import PIP_GUARD, pip_env, pip_runtime
 from harombe.tools.code_execution import CodeExecutionTools
 
 TARGET = {"python": "3.11.2", "machine": "x86_64", "glibc": "2.36"}

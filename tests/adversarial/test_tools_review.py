@@ -26,7 +26,7 @@ from harombe.config import parse_config
 from harombe.errors import UsageError
 from harombe.security.docker_manager import DockerManager
 from harombe.security.hitl import ApprovalResponse, HITLGate
-from harombe.security.sandbox import ExecutionResult
+from harombe.security.runtime.sandbox import ExecutionResult
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.testing import ScriptedApprover
 from harombe.tools.code_execution import CodeExecutionTools

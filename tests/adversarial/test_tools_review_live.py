@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from harombe.config import parse_config
-from harombe.security import output_guard as output
 from harombe.security.docker_manager import DockerManager
-from harombe.security.sandbox import LABEL_MANAGER
+from harombe.security.runtime import output_guard as output
+from harombe.security.runtime.sandbox import LABEL_MANAGER
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.tools.code_execution import CodeExecutionTools
 

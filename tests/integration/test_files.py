@@ -10,7 +10,7 @@ from typing import Any
 import docker
 import pytest
 
-from harombe.security.files import MAX_LIST_ENTRIES, MAX_PATH_DEPTH
+from harombe.security.runtime.files import MAX_LIST_ENTRIES, MAX_PATH_DEPTH
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.tools.code_execution import CodeExecutionTools
 

@@ -34,7 +34,7 @@ from hypothesis import strategies as st
 from harombe.config import LANGUAGES
 from harombe.errors import HarombeError
 from harombe.security.hitl import HITLGate
-from harombe.security.sandbox import LABEL_MANAGER, LABEL_SANDBOX
+from harombe.security.runtime.sandbox import LABEL_MANAGER, LABEL_SANDBOX
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.testing import ScriptedApprover
 from harombe.tools.code_execution import CodeExecutionTools

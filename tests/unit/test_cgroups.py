@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from harombe.security.cgroups import cpu_cgroup, quota_files
+from harombe.security.runtime.cgroups import cpu_cgroup, quota_files
 
 V1 = """12:pids:/docker/abc
 4:cpu,cpuacct:/docker/abc

@@ -8,8 +8,8 @@ import pytest
 
 from harombe.errors import UsageError
 from harombe.security.docker_manager import settle
-from harombe.security.execution import check_timeout
-from harombe.security.pool import Background
+from harombe.security.runtime.pool import Background
+from harombe.security.runtime.runs import check_timeout
 
 
 async def test_settle_finishes_the_work_and_undoes_it_when_cancelled() -> None:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from harombe.errors import WorkspacePathError
-from harombe.security import files
-from harombe.security import supervisor_files as sf
+from harombe.security.guest import supervisor_files as sf
+from harombe.security.runtime import files
 
 
 def run(op: str, root: Path, path: str, blob: bytes = b"", **extra: Any) -> tuple[dict, bytes]:  # type: ignore[type-arg]

@@ -12,7 +12,7 @@ import pytest
 
 from harombe.config import load_config, parse_config
 from harombe.errors import ApprovalDeniedError, ConfigError
-from harombe.security.approvers import approve_up_to, deny_all
+from harombe.security.approval.approvers import approve_up_to, deny_all
 from harombe.security.hitl import (
     ApprovalRequest,
     ApprovalResponse,

@@ -13,10 +13,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security.fetch_runner import download_identity
-from harombe.security.npm_fetch import _npm_failure, check_lockfile, registry_range
-from harombe.security.packages import manylinux_platforms, parse_spec
-from harombe.security.pypi_fetch import (
+from harombe.security.runtime.packages import manylinux_platforms, parse_spec
+from harombe.security.runtime.packages.fetch_runner import download_identity
+from harombe.security.runtime.packages.npm import _npm_failure, check_lockfile, registry_range
+from harombe.security.runtime.packages.pypi import (
     Target,
     Wheel,
     _pip_config,
@@ -397,7 +397,7 @@ def test_pip_copy_for_the_download_user_is_readable_and_root_writable_only() -> 
     import importlib.util
     import stat
 
-    from harombe.security.pypi_fetch import _readable_pip_copy
+    from harombe.security.runtime.packages.pypi import _readable_pip_copy
 
     spec = importlib.util.find_spec("pip")
     assert spec is not None and spec.submodule_search_locations

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harombe.errors import WorkspacePathError
-from harombe.security.paths import preview, workspace_relative
+from harombe.security.policy.paths import preview, workspace_relative
 
 ACCEPTED = [
     ("output.txt", "output.txt"),

@@ -18,18 +18,18 @@ from harombe.errors import (
     SandboxNotFoundError,
 )
 from harombe.images import debian_mirror
-from harombe.security import supervisor_files
-from harombe.security.channel import FrameDecoder, encode
 from harombe.security.docker_manager import translate
-from harombe.security.execution import _decode
-from harombe.security.sandbox import (
+from harombe.security.guest import supervisor_files
+from harombe.security.runtime.channel import FrameDecoder, encode
+from harombe.security.runtime.runs import _decode
+from harombe.security.runtime.sandbox import (
     RUN_ENV,
     argv_for,
     check_sandbox_id,
     container_spec,
     new_sandbox_id,
+    owner_is_gone,
 )
-from harombe.security.sandbox_manager import owner_is_gone
 
 
 def _spec(**limits: object) -> dict:

@@ -3,8 +3,8 @@
 import asyncio
 import contextlib
 
-from harombe.security.channel import OutputCallback
-from harombe.security.streaming import OutputChunk, iterate
+from harombe.security.runtime.channel import OutputCallback
+from harombe.security.runtime.streaming import OutputChunk, iterate
 
 
 async def test_chunks_then_result_with_characters_kept_whole() -> None:

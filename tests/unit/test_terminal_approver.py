@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harombe.security.approvers import TerminalApprover
+from harombe.security.approval.approvers import TerminalApprover
 from harombe.security.hitl import (
     ApprovalStatus,
     HITLGate,
@@ -124,7 +124,7 @@ def test_prompt_in_a_separate_process() -> None:
     script = textwrap.dedent(
         """
         import asyncio
-        from harombe.security.approvers import TerminalApprover
+        from harombe.security.approval.approvers import TerminalApprover
         from harombe.security.hitl import HITLGate, Operation
 
         async def main():

@@ -6,10 +6,10 @@ from typing import Any
 import pytest
 
 from harombe.errors import UsageError
-from harombe.security.approvers import deny_all
+from harombe.security.approval.approvers import deny_all
 from harombe.security.docker_manager import DockerManager
 from harombe.security.hitl import ApprovalResponse, HITLGate
-from harombe.security.sandbox import ExecutionResult
+from harombe.security.runtime.sandbox import ExecutionResult
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.testing import ScriptedApprover, capture_events
 from harombe.tools.code_execution import CodeExecutionTools

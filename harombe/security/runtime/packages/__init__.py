@@ -8,9 +8,9 @@ Downloads happen on the host with the machine's own pip / npm configuration (ind
 proxies, CA bundles) — harombe never names a registry host — and are then copied into the
 sandbox, which stays offline. Nothing of a package runs on the host: pip is never allowed to
 resolve (harombe walks the tree itself and refuses URL/VCS/path dependencies anywhere in it,
-:mod:`~harombe.security.pypi_fetch`), npm installs a lockfile harombe has checked holds
-registry releases only (:mod:`~harombe.security.npm_fetch`), and both run unprivileged in a
-private directory (:mod:`~harombe.security.fetch_runner`).
+:mod:`.pypi`), npm installs a lockfile harombe has checked holds
+registry releases only (:mod:`.npm`), and both run unprivileged in a
+private directory (:mod:`.fetch_runner`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ import structlog
 from packaging.requirements import InvalidRequirement, Requirement
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security import npm_fetch, pypi_fetch
-from harombe.security.fetch_runner import FetchArea
+from harombe.security.runtime.packages import npm as npm_fetch
+from harombe.security.runtime.packages import pypi as pypi_fetch
+from harombe.security.runtime.packages.fetch_runner import FetchArea
 
 log = structlog.get_logger(__name__)
 
@@ -175,7 +176,7 @@ async def fetch_pypi(
 
     ``constraints`` are extra version limits (``numpy<2``) applied while resolving. Resolution
     is harombe's own, level by level, so no package code can run on the host
-    (:mod:`harombe.security.pypi_fetch`); a URL, VCS or path dependency anywhere in the tree
+    (:mod:`.pypi`); a URL, VCS or path dependency anywhere in the tree
     raises :class:`PackageSpecError`, a dependency without a wheel :class:`PackageFetchError`."""
     target = pypi_fetch.Target(python=python, machine=machine, glibc=glibc)
     area = await asyncio.to_thread(FetchArea, "harombe-wheels-")
@@ -197,7 +198,7 @@ async def fetch_pypi(
 
 async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
     """``node_modules`` for ``spec`` (registry releases only, install scripts not run) as a
-    tar.gz, and npm's output. See :mod:`harombe.security.npm_fetch`."""
+    tar.gz, and npm's output. See :mod:`harombe.security.runtime.packages.npm`."""
     npm = shutil.which("npm")
     if npm is None:
         raise PackageFetchError(

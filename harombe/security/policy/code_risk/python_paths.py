@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import ast
 
-from harombe.security.code_risk import analyze_code, language_for_path, normalize_path
-from harombe.security.code_risk.python_names import (
+from harombe.security.policy.code_risk import analyze_code, language_for_path, normalize_path
+from harombe.security.policy.code_risk.python_names import (
     DELETERS,
     MOVERS,
     PATH_CLASSES,

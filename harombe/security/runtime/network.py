@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 import structlog
 
 from harombe.errors import InfrastructureError
-from harombe.security.docker_manager import DockerManager, settle
-from harombe.security.egress import (
+from harombe.security.policy.netpolicy import Allowlist
+from harombe.security.runtime.docker import DockerManager, settle
+from harombe.security.runtime.egress import (
     ConnectionBudget,
     EgressProxy,
     Resolver,
     raise_fd_limit,
     system_resolver,
 )
-from harombe.security.netpolicy import Allowlist
 
 log = structlog.get_logger(__name__)
 

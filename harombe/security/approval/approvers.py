@@ -1,4 +1,4 @@
-"""Ready-made approvers for :class:`~harombe.security.hitl.HITLGate`.
+"""Ready-made approvers for :class:`~harombe.security.approval.gate.HITLGate`.
 
 * :func:`deny_all` — says no to everything (a safe default for unattended runs).
 * :func:`approve_up_to` — approves up to a risk level and denies above it.
@@ -16,7 +16,7 @@ import termios
 from collections.abc import Callable
 from typing import TextIO
 
-from harombe.security.hitl import ApprovalRequest, ApprovalResponse, RiskLevel
+from harombe.security.approval.gate import ApprovalRequest, ApprovalResponse, RiskLevel
 
 #: Parameters shown as code blocks rather than ``key: value`` lines.
 CODE_PARAMS = ("code", "content")

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from harombe.errors import UsageError, WorkspacePathError
-from harombe.security.paths import WORKSPACE, workspace_relative
+from harombe.security.policy.paths import WORKSPACE, workspace_relative
 
 if TYPE_CHECKING:
-    from harombe.security.sandbox import Sandbox
+    from harombe.security.runtime.sandbox import Sandbox
 
 FILE_TIMEOUT_S = 120.0
 #: Deepest path accepted, in directories (the supervisor also counts those symlinks add).
@@ -52,7 +52,7 @@ def checked_relative(path: str, *, allow_root: bool = False) -> str:
 
 
 class FileOps:
-    """Mixin for :class:`~harombe.security.sandbox_manager.SandboxManager`."""
+    """Mixin for :class:`~harombe.security.runtime.manager.SandboxManager`."""
 
     limits: Any
 

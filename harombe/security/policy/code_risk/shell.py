@@ -1,6 +1,6 @@
 """Dangerous constructs in shell code, found through its words rather than its characters.
 
-:mod:`~harombe.security.code_risk.shell_syntax` reads the code the way the shell would (quotes
+:mod:`.shell_syntax` reads the code the way the shell would (quotes
 undone, comments dropped, pipelines kept together); this module judges each command. Command
 substitutions (``$(…)``, backticks, ``<(…)``) and code handed to another interpreter
 (``bash -c``, ``python3 -c``, ``node -e``, here-documents or ``echo`` piped into one) are analyzed
@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import re
 
-from harombe.security.code_risk import Finding, analyze_code, language_for_path, normalize_path
-from harombe.security.code_risk.shell_programs import (
+from harombe.security.policy.code_risk import (
+    Finding,
+    analyze_code,
+    language_for_path,
+    normalize_path,
+)
+from harombe.security.policy.code_risk.shell_programs import (
     BRACE,
     COMMAND_STRING_OPTIONS,
     DELETERS,
@@ -44,7 +49,7 @@ from harombe.security.code_risk.shell_programs import (
     via_xargs,
     xargs_placeholder,
 )
-from harombe.security.code_risk.shell_syntax import Command, ShellSyntaxError, Word, parse
+from harombe.security.policy.code_risk.shell_syntax import Command, ShellSyntaxError, Word, parse
 
 
 def _is_system_path(text: str) -> bool:

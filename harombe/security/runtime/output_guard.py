@@ -12,8 +12,8 @@ from collections.abc import Awaitable
 
 import structlog
 
-from harombe.security.channel import OutputCallback
-from harombe.security.paths import preview
+from harombe.security.policy.paths import preview
+from harombe.security.runtime.channel import OutputCallback
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,7 @@ index serves, pip cannot start a program (builds and VCS checkouts are subproces
 build tool, or read a file outside its work directory, its own code, the system's (``/usr``,
 ``/etc``, …) and the local sources the configuration names; and it caps pip's address space.
 ``-I -S`` keep the work directory, ``PYTHON*`` variables, ``.pth`` files and
-``sitecustomize`` out of the interpreter. Used by :mod:`harombe.security.pypi_fetch`.
+``sitecustomize`` out of the interpreter. Used by :mod:`harombe.security.runtime.packages.pypi`.
 """
 
 from __future__ import annotations

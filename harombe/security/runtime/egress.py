@@ -10,7 +10,7 @@ one. Two request forms are served, one request per connection:
   end to end; the proxy sees the name the client asked for, never the traffic (nor the TLS
   SNI, which is therefore not checked against that name).
 * ``GET http://host/path`` (plain HTTP through a proxy): parsed strictly
-  (:mod:`harombe.security.egress_http`), checked, resolved, forwarded in origin form with the
+  (:mod:`.egress_http`), checked, resolved, forwarded in origin form with the
   ``Host`` header set to the checked authority and ``Connection: close``; exactly the request's
   body follows, nothing after it (a pipelined second request never reaches the origin).
 
@@ -40,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
-from harombe.security.egress_http import (
+from harombe.security.policy.netpolicy import Allowlist, address_is_public, normalize_host
+from harombe.security.runtime.egress_http import (
     MAX_HEAD_BYTES,
     BadRequest,
     RequestHead,
@@ -49,7 +50,6 @@ from harombe.security.egress_http import (
     parse_head,
     pipe,
 )
-from harombe.security.netpolicy import Allowlist, address_is_public, normalize_host
 
 log = structlog.get_logger(__name__)
 

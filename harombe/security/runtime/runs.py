@@ -1,6 +1,6 @@
 """Running code in a sandbox: the run request, its result, and what happens when a sandbox dies.
 
-A mixin of :class:`~harombe.security.sandbox_manager.SandboxManager`, kept apart so each file
+A mixin of :class:`~harombe.security.runtime.manager.SandboxManager`, kept apart so each file
 stays readable; it uses the manager's ``get``, ``limits``, ``sandbox_config``, ``docker``,
 ``create_sandbox`` and ``_session_fields``.
 """
@@ -17,15 +17,15 @@ import structlog
 
 from harombe.config import LANGUAGES, Language
 from harombe.errors import HarombeError, SandboxLostError, UsageError
-from harombe.security.channel import OutputCallback
-from harombe.security.docker_manager import settle
-from harombe.security.output_guard import GuardedOutput
-from harombe.security.sandbox import RUN_ENV, SESSION_LANGUAGES, ExecutionResult, argv_for
+from harombe.security.runtime.channel import OutputCallback
+from harombe.security.runtime.docker import settle
+from harombe.security.runtime.output_guard import GuardedOutput
+from harombe.security.runtime.sandbox import RUN_ENV, SESSION_LANGUAGES, ExecutionResult, argv_for
 
 if TYPE_CHECKING:
-    from harombe.security.docker_manager import DockerManager
-    from harombe.security.network import SandboxNetworks
-    from harombe.security.sandbox import Sandbox
+    from harombe.security.runtime.docker import DockerManager
+    from harombe.security.runtime.network import SandboxNetworks
+    from harombe.security.runtime.sandbox import Sandbox
 
 log = structlog.get_logger(__name__)
 

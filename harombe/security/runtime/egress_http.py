@@ -26,7 +26,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from harombe.security.netpolicy import normalize_host
+from harombe.security.policy.netpolicy import normalize_host
 
 #: Largest request head (request line and headers) the proxy reads; larger gets 431.
 MAX_HEAD_BYTES = 32 * 1024

@@ -24,7 +24,7 @@ from typing import Any
 import structlog
 
 from harombe.errors import SandboxLostError, SandboxStartError
-from harombe.security.docker_manager import AttachedStdio
+from harombe.security.runtime.docker import AttachedStdio
 
 log = structlog.get_logger(__name__)
 

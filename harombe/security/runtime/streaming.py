@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from harombe.security.channel import OutputCallback
+from harombe.security.runtime.channel import OutputCallback
 
 T = TypeVar("T")
 

@@ -5,7 +5,7 @@ read.
 tree is cloned and *prepared* (its ``prepare`` script run through a nested ``npm install``), a
 ``file:`` dependency copies a host directory into ``node_modules``, and a URL dependency
 fetches from anywhere. So the download runs in two steps, both unprivileged
-(:class:`~harombe.security.fetch_runner.FetchArea`) and both with npm's own
+(:class:`~harombe.security.runtime.packages.fetch_runner.FetchArea`) and both with npm's own
 ``--allow-git/--allow-remote/--allow-file/--allow-directory=none``:
 
 1. ``npm install --package-lock-only`` resolves the tree from registry metadata alone and
@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security.fetch_runner import FetchArea, base_env, memfd_with, tail
+from harombe.security.runtime.packages.fetch_runner import FetchArea, base_env, memfd_with, tail
 
 log = structlog.get_logger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from harombe.security.docker_manager import settle
-from harombe.security.sandbox import Sandbox
+from harombe.security.runtime.docker import settle
+from harombe.security.runtime.sandbox import Sandbox
 
 log = structlog.get_logger(__name__)
 

@@ -6,7 +6,7 @@ system as s``, ``f = os.system``, ``__import__("os")``, ``sys.modules["os"]``,
 so ``e = eval`` is found where it is written. A dotted name is judged by every suffix, so a
 module's re-export (``shutil.os.system``) is the function it re-exports; and an attribute with a
 dangerous name (``system``, ``popen``, ``exec*``, ``spawn*``…, see
-:mod:`~harombe.security.code_risk.python_names`) is a finding on any object not known to be
+:mod:`~harombe.security.policy.code_risk.python_names`) is a finding on any object not known to be
 harmless, since ``[os][0]`` or a function's result may be the module. Attribute access with
 ordinary names (``model.eval()``, ``re.compile``, ``cursor.execute``) is not a finding.
 """
@@ -17,8 +17,8 @@ import ast
 import functools
 import re
 
-from harombe.security.code_risk import Finding
-from harombe.security.code_risk.python_names import (
+from harombe.security.policy.code_risk import Finding
+from harombe.security.policy.code_risk.python_names import (
     DANGEROUS_CALLABLES,
     DANGEROUS_LEAVES,
     DANGEROUS_MODULES,
@@ -33,11 +33,11 @@ from harombe.security.code_risk.python_names import (
     NAMESPACE_CALLS,
     REFLECTION_BUILTINS,
 )
-from harombe.security.code_risk.python_paths import (
+from harombe.security.policy.code_risk.python_paths import (
     PathChecks,
 )
-from harombe.security.code_risk.python_paths import argument as _argument
-from harombe.security.code_risk.python_paths import const_str as _const_str
+from harombe.security.policy.code_risk.python_paths import argument as _argument
+from harombe.security.policy.code_risk.python_paths import const_str as _const_str
 
 
 @functools.lru_cache(maxsize=4096)  # the same dotted names recur throughout a module

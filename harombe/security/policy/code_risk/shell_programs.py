@@ -1,12 +1,12 @@
 """What the shell analyzer knows about programs: interpreters, wrappers, downloaders, deleters,
 and the few programs whose arguments are code (``sed`` scripts, brace expansions). Data and
-small pure helpers only; :mod:`~harombe.security.code_risk.shell` judges commands with them."""
+small pure helpers only; :mod:`.shell` judges commands with them."""
 
 from __future__ import annotations
 
 import re
 
-from harombe.security.code_risk.shell_syntax import Command, Word
+from harombe.security.policy.code_risk.shell_syntax import Command, Word
 
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "rbash"}
 PYTHONS = re.compile(r"^python(\d+(\.\d+)?)?$")

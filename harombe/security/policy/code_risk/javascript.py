@@ -7,8 +7,13 @@ so a word inside a string or comment is never a finding and an escaped name does
 
 from __future__ import annotations
 
-from harombe.security.code_risk import Finding, analyze_code, language_for_path, normalize_path
-from harombe.security.code_risk.javascript_tokens import JSSyntaxError, Token, Tokenizer
+from harombe.security.policy.code_risk import (
+    Finding,
+    analyze_code,
+    language_for_path,
+    normalize_path,
+)
+from harombe.security.policy.code_risk.javascript_tokens import JSSyntaxError, Token, Tokenizer
 
 #: Modules whose import means running programs or strings as code.
 DANGEROUS_MODULES = {

@@ -5,7 +5,7 @@ or npm configuration, unprivileged, and nothing of a package runs there: PyPI tr
 by harombe one level at a time, wheels only, for the sandbox's Python, CPU and glibc, refusing
 URL/VCS/path dependencies anywhere in the tree; npm trees are resolved to a lockfile that must
 hold registry releases only before anything is fetched, and installed with scripts off (see
-:mod:`harombe.security.packages`). The files are unpacked inside the sandbox and installed
+:mod:`harombe.security.runtime.packages`). The files are unpacked inside the sandbox and installed
 there, offline.
 """
 
@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from harombe.errors import UsageError
-from harombe.security import packages
-from harombe.security.sandbox import HOME, ExecutionResult
+from harombe.security.runtime import packages
+from harombe.security.runtime.sandbox import HOME, ExecutionResult
 
 if TYPE_CHECKING:
-    from harombe.security.sandbox import Sandbox
+    from harombe.security.runtime.sandbox import Sandbox
 
 INSTALL_TIMEOUT_S = 600.0
 NUMPY_1 = ("numpy<2",)
@@ -43,7 +43,7 @@ def _numpy_abi_break(stderr: str) -> bool:
 
 
 class PackageInstalls:
-    """Mixin for :class:`~harombe.security.sandbox_manager.SandboxManager`."""
+    """Mixin for :class:`~harombe.security.runtime.manager.SandboxManager`."""
 
     # Provided by SandboxManager (get, _run) and FileOps (_untar).
     get: Callable[[str], Sandbox]

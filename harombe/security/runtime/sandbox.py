@@ -10,12 +10,12 @@ import secrets
 import socket
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from harombe.config import Language, SandboxConfig
 from harombe.errors import SandboxNotFoundError
-from harombe.security.channel import Channel
+from harombe.security.guest import SUPERVISOR_SOURCE
+from harombe.security.runtime.channel import Channel
 
 SANDBOX_ID = re.compile(r"^sandbox-[0-9a-f]{12}$")
 LABEL_MANAGED = "harombe.managed"
@@ -35,23 +35,6 @@ OVERHEAD_MB = 192
 # host-side limit is roomy, and ``max_pids`` is enforced on user code as RLIMIT_NPROC inside.
 HOST_PIDS_PER_GUEST_PID = 24
 HOST_PIDS_BASE = 1024
-_HERE = Path(__file__).parent
-# One program in five files, joined in this order (see supervisor.py's docstring); main() at
-# the end of supervisor.py runs once every part is defined.
-PY_WORKER_SOURCE = "\n\n".join(
-    (_HERE / name).read_text(encoding="utf-8") for name in ("supervisor_io.py", "pyworker.py")
-)
-SUPERVISOR_SOURCE = f"PY_WORKER_SOURCE = {PY_WORKER_SOURCE!r}\n\n" + "\n\n".join(
-    (_HERE / name).read_text(encoding="utf-8")
-    for name in (
-        "supervisor_io.py",
-        "supervisor_files.py",
-        "supervisor_runs.py",
-        "supervisor_sessions.py",
-        "supervisor.py",
-    )
-)
-JS_WORKER_SOURCE = (_HERE / "jsworker.js").read_text(encoding="utf-8")
 #: Languages whose runs keep state between calls unless asked for a fresh process.
 SESSION_LANGUAGES = ("python", "javascript")
 
@@ -181,7 +164,7 @@ def container_spec(
         },
         "mem_limit": f"{backstop_mb}m",
         "memswap_limit": f"{backstop_mb}m",
-        # Normally set on the cgroup once the sandbox is ready (harombe.security.cgroups);
+        # Normally set on the cgroup once the sandbox is ready (harombe.security.runtime.cgroups);
         # Docker's create-time quota is the fallback.
         **({"nano_cpus": int(limits.max_cpu_cores * 1e9)} if cpu_at_create else {}),
         "pids_limit": limits.max_pids * HOST_PIDS_PER_GUEST_PID + HOST_PIDS_BASE,

@@ -14,7 +14,7 @@ pip never resolves here. harombe resolves itself, one level at a time:
 3. the ``Requires-Dist`` lines that apply to the sandbox (markers evaluated for its Python and
    platform, extras as requested) become the next level's requirements.
 
-pip runs under :class:`~harombe.security.fetch_runner.FetchArea` (unprivileged, private
+pip runs under :class:`~.fetch_runner.FetchArea` (unprivileged, private
 home) inside a guard that refuses, in-process, to start any program or import any build tool,
 so even a pip that wanted to build could not. The final install inside the sandbox uses pip's
 real resolver, offline, over the wheels fetched here.
@@ -45,9 +45,15 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 
 from harombe.errors import PackageFetchError, PackageSpecError
-from harombe.security.fetch_runner import FILE_MAX_BYTES, FetchArea, Identity, base_env, tail
-from harombe.security.pip_guard import GUARD_MARK as GUARD_MARK
-from harombe.security.pip_guard import PIP_GUARD as PIP_GUARD
+from harombe.security.runtime.packages.fetch_runner import (
+    FILE_MAX_BYTES,
+    FetchArea,
+    Identity,
+    base_env,
+    tail,
+)
+from harombe.security.runtime.packages.pip_guard import GUARD_MARK as GUARD_MARK
+from harombe.security.runtime.packages.pip_guard import PIP_GUARD as PIP_GUARD
 
 log = structlog.get_logger(__name__)
 

@@ -48,7 +48,7 @@ def analyze_code(language: str, code: str, *, depth: int = 0) -> list[Finding]:
     if depth > MAX_DEPTH:
         return [Finding("nesting", f"code nested more than {MAX_DEPTH} interpreters deep")]
     # Imported here: each analyzer module imports this one for Finding.
-    from harombe.security.code_risk import javascript, python, shell
+    from harombe.security.policy.code_risk import javascript, python, shell
 
     analyzers = {
         "python": python.analyze,

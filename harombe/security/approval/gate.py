@@ -1,0 +1,296 @@
+"""Human-in-the-loop gate: classify an operation's risk, then ask an injected approver.
+
+Two halves, kept apart on purpose:
+
+* **Policy** (:class:`HITLRule`, :class:`RiskClassifier`) is pure: given an :class:`Operation` it
+  says which rules match, the resulting :class:`RiskLevel` (the highest matching rule wins), the
+  approval timeout and the reasons. No I/O, no clock. It lives in
+  :mod:`harombe.security.policy` and is re-exported here.
+* **Decision** (:class:`HITLGate`) turns that into an :class:`ApprovalDecision`: auto-approve
+  LOW (when configured) and rules that need no approval, reuse an "approve for this sandbox"
+  grant (which covers the same findings only, see :attr:`Reason.grant_key`), or call the
+  approver and wait at most the rule's timeout. Silence is a denial (``TIMEOUT``); so is a
+  missing or failing approver. The gate never prompts a terminal itself:
+  :mod:`harombe.security.approval.approvers` has ready-made approvers, including one that does.
+
+Every decision is logged once as ``hitl.decided`` with the tool, risk, reasons, decision, who
+decided and how long it took.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+import structlog
+
+from harombe.errors import ApprovalDeniedError
+from harombe.security.policy.classifier import Assessment, RiskClassifier
+from harombe.security.policy.risk_table import get_sandbox_hitl_rules
+from harombe.security.policy.rules import (
+    CONDITION_OPERATORS,
+    DEFAULT_TIMEOUTS_S,
+    Check,
+    GrantKey,
+    HITLRule,
+    Operation,
+    Reason,
+    RiskLevel,
+)
+
+log = structlog.get_logger(__name__)
+
+__all__ = [
+    "CONDITION_OPERATORS", "DEFAULT_TIMEOUTS_S", "ApprovalDecision", "ApprovalRequest",
+    "ApprovalResponse", "ApprovalStatus", "Approver", "Assessment", "Check", "GrantKey",
+    "HITLGate", "HITLRule", "Operation", "Reason", "RiskClassifier", "RiskLevel",
+    "gate_from_config",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    """What an approver is shown: the operation, its risk, why, and how long it has."""
+
+    operation: Operation
+    risk: RiskLevel
+    reasons: tuple[Reason, ...]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ApprovalResponse:
+    """An approver's answer. ``scope="sandbox"`` approves the same findings (each reason's
+    :attr:`Reason.grant_key`) for the rest of the sandbox's life, never a new one;
+    ``approver`` names who answered (for the audit log)."""
+
+    approved: bool
+    scope: Literal["once", "sandbox"] = "once"
+    approver: str | None = None
+    comment: str | None = None
+
+
+#: Any callable taking an :class:`ApprovalRequest` and returning (or resolving to) a bool or
+#: an :class:`ApprovalResponse`. Sync callables run in a worker thread, so one that blocks (on
+#: a terminal, a queue, a web request) does not stall the event loop.
+Approver: TypeAlias = Callable[
+    [ApprovalRequest], "bool | ApprovalResponse | Awaitable[bool | ApprovalResponse]"
+]
+
+
+class ApprovalStatus(enum.StrEnum):
+    APPROVED = "approved"
+    DENIED = "denied"
+    TIMEOUT = "timeout"
+    AUTO_APPROVED = "auto_approved"
+
+
+@dataclass(frozen=True)
+class ApprovalDecision:
+    """The gate's verdict on one operation; ``approved`` is True for APPROVED and AUTO_APPROVED."""
+
+    status: ApprovalStatus
+    operation: Operation
+    risk: RiskLevel
+    reasons: tuple[Reason, ...]
+    decided_by: str
+    latency_s: float
+    timeout_s: float
+    scope: Literal["once", "sandbox"] = "once"
+    comment: str | None = None
+    rule_ids: frozenset[int] = frozenset()
+    grant_keys: frozenset[GrantKey] = frozenset()
+
+    @property
+    def approved(self) -> bool:
+        return self.status in (ApprovalStatus.APPROVED, ApprovalStatus.AUTO_APPROVED)
+
+    def summary(self) -> dict[str, Any]:
+        """The decision as plain data, for tool results and logs."""
+        return {
+            "status": self.status.value,
+            "risk": str(self.risk),
+            "decided_by": self.decided_by,
+            "reasons": [str(r) for r in self.reasons],
+            "comment": self.comment,
+        }
+
+    def error(self) -> ApprovalDeniedError:
+        """The error a refused operation reports: the denial, the risk and the reasons."""
+        why = {
+            ApprovalStatus.TIMEOUT: f"no answer within {self.timeout_s:g} s, so it was denied",
+            ApprovalStatus.DENIED: f"denied by {self.decided_by}",
+        }.get(self.status, self.status.value)
+        reasons = "; ".join(str(r) for r in self.reasons)
+        comment = f" ({self.comment})" if self.comment else ""
+        return ApprovalDeniedError(
+            f"{self.operation.tool_name} needs approval at risk {self.risk}: {why}{comment}. "
+            f"Reasons: {reasons}"
+        )
+
+
+def _name_of(approver: object) -> str:
+    return str(getattr(approver, "name", None) or getattr(approver, "__name__", None)
+               or type(approver).__name__)  # fmt: skip
+
+
+class HITLGate:
+    """Decides whether an operation may run; see the module docstring for the order of checks.
+
+    Without an ``approver`` every operation that needs a human is denied (fail closed), with a
+    comment saying to pass one.
+    """
+
+    def __init__(
+        self,
+        classifier: RiskClassifier | None = None,
+        approver: Approver | None = None,
+        *,
+        auto_approve_low_risk: bool = True,
+    ) -> None:
+        self.classifier = classifier or RiskClassifier()
+        self.approver = approver
+        self.auto_approve_low_risk = auto_approve_low_risk
+        self._grants: dict[str, set[GrantKey]] = {}
+
+    async def check_approval(self, op: Operation) -> ApprovalDecision:
+        started = time.monotonic()
+        classifier_failed = False
+        try:
+            assessment = self.classifier.assess(op)
+        except Exception as exc:  # noqa: BLE001 - a broken custom rule must deny, not crash
+            reason = Reason("the classifier failed", RiskLevel.CRITICAL, repr(exc))
+            assessment = Assessment(RiskLevel.CRITICAL, True, 0.0, (reason,), frozenset())
+            classifier_failed = True
+
+        def decide(
+            status: ApprovalStatus, by: str, *, comment: str | None = None, scope: str = "once"
+        ) -> ApprovalDecision:
+            decision = ApprovalDecision(
+                status, op, assessment.risk, assessment.reasons, by,
+                round(time.monotonic() - started, 4), assessment.timeout_s,
+                "sandbox" if scope == "sandbox" else "once", comment, assessment.rule_ids,
+                assessment.grant_keys,
+            )  # fmt: skip
+            log.info(
+                "hitl.decided",
+                operation_id=op.operation_id,
+                tool=op.tool_name,
+                sandbox_id=op.sandbox_id,
+                risk=str(decision.risk),
+                reasons=[str(r) for r in decision.reasons],
+                decision=status.value,
+                decided_by=by,
+                scope=decision.scope,
+                latency_s=decision.latency_s,
+                timeout_s=decision.timeout_s,
+            )
+            return decision
+
+        if classifier_failed:
+            return decide(
+                ApprovalStatus.DENIED,
+                "classifier_error",
+                comment="fix the rule whose check raised; operations are denied until then",
+            )
+        if not assessment.require_approval:
+            return decide(ApprovalStatus.AUTO_APPROVED, "rule")
+        if assessment.risk == RiskLevel.LOW and self.auto_approve_low_risk:
+            return decide(ApprovalStatus.AUTO_APPROVED, "auto_approve_low_risk")
+        sandbox_id = op.sandbox_id
+        granted = self._grants.get(sandbox_id, set()) if sandbox_id else set()
+        # Covered only if every finding of this call was among those approved: a new
+        # construct, a new target or a new rule is asked about again.
+        if assessment.grant_keys and assessment.grant_keys <= granted:
+            return decide(ApprovalStatus.APPROVED, "sandbox_grant", scope="sandbox")
+        if self.approver is None:
+            return decide(
+                ApprovalStatus.DENIED,
+                "no_approver",
+                comment="no approver is configured; pass approver= to HITLGate, "
+                "e.g. harombe.security.approval.approvers.TerminalApprover()",
+            )
+        request = ApprovalRequest(op, assessment.risk, assessment.reasons, assessment.timeout_s)
+        name = _name_of(self.approver)
+        try:
+            answer = await asyncio.wait_for(self._ask(request), assessment.timeout_s)
+        except TimeoutError:
+            return decide(ApprovalStatus.TIMEOUT, "timeout")
+        except Exception as exc:  # noqa: BLE001 - a broken approver must deny, not crash
+            return decide(ApprovalStatus.DENIED, name, comment=f"the approver failed: {exc!r}")
+        if isinstance(answer, bool):
+            answer = ApprovalResponse(answer)
+        if not isinstance(answer, ApprovalResponse):
+            return decide(
+                ApprovalStatus.DENIED,
+                name,
+                comment=f"the approver returned {answer!r}; return a bool or an ApprovalResponse",
+            )
+        by = answer.approver if isinstance(answer.approver, str) and answer.approver else name
+        if answer.approved is not True:
+            # Only True approves: "no", 1 or a truthy object is not a yes.
+            comment = (
+                answer.comment
+                if answer.approved is False
+                else (f"approved={answer.approved!r} is not True, so it was denied")
+            )
+            return decide(ApprovalStatus.DENIED, by, comment=comment)
+        decision = decide(ApprovalStatus.APPROVED, by, comment=answer.comment, scope=answer.scope)
+        if answer.scope == "sandbox" and sandbox_id:
+            self.remember(decision, sandbox_id)
+        return decision
+
+    async def _ask(self, request: ApprovalRequest) -> object:
+        try:
+            return await self._call_approver(request)
+        except (KeyboardInterrupt, SystemExit) as exc:
+            # Raised by the approver, not by the process: asyncio would stop the event loop
+            # for it, so it becomes an ordinary failure, which denies.
+            raise RuntimeError(f"the approver raised {exc!r}") from exc
+
+    async def _call_approver(self, request: ApprovalRequest) -> object:
+        approver = self.approver
+        assert approver is not None
+        call = getattr(approver, "__call__", approver)  # noqa: B004 - callable instances
+        if inspect.iscoroutinefunction(approver) or inspect.iscoroutinefunction(call):
+            result: object = approver(request)
+        else:
+            result = await asyncio.to_thread(approver, request)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def remember(self, decision: ApprovalDecision, sandbox_id: str) -> None:
+        """Apply a ``scope="sandbox"`` approval to ``sandbox_id`` (e.g. one just created):
+        later calls there whose findings are all among ``decision.grant_keys`` are approved."""
+        if decision.approved and decision.scope == "sandbox":
+            self._grants.setdefault(sandbox_id, set()).update(decision.grant_keys)
+
+    def forget_sandbox(self, sandbox_id: str) -> None:
+        """Drop every grant of ``sandbox_id``; call it when the sandbox is destroyed, lost or
+        replaced (a replacement has a new id and starts with none). Idempotent."""
+        if self._grants.pop(sandbox_id, None) is not None:
+            log.info("hitl.grants_dropped", sandbox_id=sandbox_id)
+
+    def grants(self, sandbox_id: str) -> frozenset[GrantKey]:
+        """The findings approved for ``sandbox_id`` (empty when none)."""
+        return frozenset(self._grants.get(sandbox_id, ()))
+
+
+def gate_from_config(config: Any, approver: Approver | None = None) -> HITLGate | None:
+    """The gate ``config.security.hitl`` describes (default rules plus its ``rules``), or
+    ``None`` when ``hitl.enabled`` is false. ``config`` is a :class:`~harombe.config.HarombeConfig`.
+    """
+    hitl = config.security.hitl
+    if not hitl.enabled:
+        return None
+    rules = get_sandbox_hitl_rules()
+    rules += [HITLRule(**rule.model_dump()) for rule in hitl.rules]
+    return HITLGate(
+        RiskClassifier(rules), approver, auto_approve_low_risk=hitl.auto_approve_low_risk
+    )
