@@ -1,96 +1,30 @@
-"""JSON frames and an epoll selector for the in-sandbox supervisor, without costly imports.
+"""An epoll selector and the frame writer for the in-sandbox supervisor, without costly imports.
 
-The first part of the supervisor's source (see ``supervisor.py``). Under gVisor every module a
-fresh interpreter imports is read through the gofer, so the ``json`` package (which pulls in
-``re``, ``enum``, ``functools``…) and ``selectors`` (``collections.abc``) cost a cold sandbox
-tens of milliseconds. The C halves suffice: ``_json``'s scanner parses, a dozen lines encode
-the few types the protocol uses, and ``select.epoll`` does the waiting.
+The second part of the supervisor's source, after ``wire.py`` (see ``__init__.py``). Under
+gVisor every module a fresh interpreter imports is read through the gofer, and ``selectors``
+(which pulls in ``collections.abc``) adds to every cold start: ``select.epoll`` does the
+waiting, behind the few methods of ``selectors`` the supervisor uses.
 """
 
+import os
 import select
-
-try:
-    import _json
-except ImportError:  # pragma: no cover - CPython always has it; other Pythons use json
-    _json = None
 
 EVENT_READ = 1
 EVENT_WRITE = 2
 
 
-class _ScanContext:
-    strict = True
-    object_hook = None
-    object_pairs_hook = None
-    parse_float = float
-    parse_int = int
-    parse_constant = float
-    memo = None
-
-
-if _json is not None:
-    _scan = _json.make_scanner(_ScanContext())
-    _quote = _json.encode_basestring_ascii
-else:  # pragma: no cover
-    import json as _stdjson
-
-    _scan = None
-    _quote = _stdjson.encoder.encode_basestring_ascii
-
-
-def loads(data):
-    """Parse one JSON document (bytes or str)."""
-    text = data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data
-    if _scan is None:  # pragma: no cover
-        return _stdjson.loads(text)
-    value, end = _scan(text, 0)
-    if text[end:].strip():
-        raise ValueError("extra data after JSON value")
-    return value
-
-
-def _encode(obj, out):
-    if obj is None:
-        out.append("null")
-    elif obj is True:
-        out.append("true")
-    elif obj is False:
-        out.append("false")
-    elif isinstance(obj, str):
-        out.append(_quote(obj))
-    elif isinstance(obj, int):
-        out.append(int.__repr__(obj))
-    elif isinstance(obj, float):
-        out.append(
-            float.__repr__(obj)
-            if obj == obj and obj not in (float("inf"), float("-inf"))
-            else "null"
-        )
-    elif isinstance(obj, dict):
-        out.append("{")
-        for i, (key, value) in enumerate(obj.items()):
-            if i:
-                out.append(",")
-            out.append(_quote(str(key)))
-            out.append(":")
-            _encode(value, out)
-        out.append("}")
-    elif isinstance(obj, (list, tuple)):
-        out.append("[")
-        for i, value in enumerate(obj):
-            if i:
-                out.append(",")
-            _encode(value, out)
-        out.append("]")
-    else:
-        raise TypeError("cannot encode %r" % (type(obj),))
-
-
-def dumps(obj):
-    """Compact ASCII JSON of dicts, lists, strings, numbers, booleans and None, as bytes."""
-    out = []
-    _encode(obj, out)
-    return "".join(out).encode("ascii")
+def send(msg, blob=b""):
+    """Write one frame to the host (stdout, non-blocking): waits while the pipe is full."""
+    view = memoryview(encode(msg, blob))
+    while view:
+        try:
+            n = os.write(1, view)
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            select.select([], [1], [])
+            continue
+        view = view[n:]
 
 
 class _Key:
