@@ -4,11 +4,15 @@ re-export, a code-evaluating entry point, a staged download, an option spelling 
 loader, and must still be CRITICAL with a reason naming it; look-alikes must stay below.
 """
 
+from typing import Any
+
 import pytest
 
 from harombe.security.hitl import Operation, RiskClassifier, RiskLevel
 
 CLASSIFIER = RiskClassifier()
+#: A table row: (id, code, construct) for probes, (language, id, code) for look-alikes.
+Row = tuple[str, str, str]
 
 PYTHON = [
     ('reexport-shutil-os-system', "import shutil\nshutil.os.system('id')", 'os.system'),
@@ -450,40 +454,45 @@ LOOK_ALIKES = [
     ('javascript', 'string-vm-word', "console.log('the vm is up')"),
 ]  # fmt: skip
 
-PROBES = (
-    [("python", *c) for c in PYTHON]
-    + [("shell", *c) for c in SHELL]
-    + [("javascript", *c) for c in JAVASCRIPT]
-)
 
-
-def _assess(language: str, code: str) -> tuple[RiskLevel, list[str]]:
+def assess(language: str, code: str) -> tuple[RiskLevel, list[str]]:
+    """The classifier's risk for ``code`` run in ``language``, and its reasons as text."""
     assessment = CLASSIFIER.assess(
         Operation("code_execute", {"language": language, "code": code, "sandbox_id": "sb"})
     )
     return assessment.risk, [str(r) for r in assessment.reasons]
 
 
-@pytest.mark.parametrize(
-    ("language", "code", "construct"),
-    [(lang, code, construct) for lang, _, code, construct in PROBES],
-    ids=[f"{lang}-{ident}" for lang, ident, _, _ in PROBES],
-)
+def probe_params(python: list[Row], shell: list[Row], javascript: list[Row]) -> list[Any]:
+    """Per-language probe tables ``(id, code, construct)`` as pytest params
+    ``(language, code, construct)`` with ids ``language-id``."""
+    tables = {"python": python, "shell": shell, "javascript": javascript}
+    return [
+        pytest.param(language, code, construct, id=f"{language}-{ident}")
+        for language, table in tables.items()
+        for ident, code, construct in table
+    ]
+
+
+def look_alike_params(table: list[Row]) -> list[Any]:
+    """Look-alike rows ``(language, id, code)`` as pytest params ``(language, code)``."""
+    return [
+        pytest.param(language, code, id=f"{language}-{ident}") for language, ident, code in table
+    ]
+
+
+@pytest.mark.parametrize(("language", "code", "construct"), probe_params(PYTHON, SHELL, JAVASCRIPT))
 def test_dangerous_shape_is_critical_and_named(language: str, code: str, construct: str) -> None:
     """The hidden construct is CRITICAL and a reason names it."""
-    risk, reasons = _assess(language, code)
+    risk, reasons = assess(language, code)
     assert risk == RiskLevel.CRITICAL, reasons
     assert any(construct in r for r in reasons), reasons
 
 
-@pytest.mark.parametrize(
-    ("language", "code"),
-    [(lang, code) for lang, _, code in LOOK_ALIKES],
-    ids=[f"{lang}-{ident}" for lang, ident, _ in LOOK_ALIKES],
-)
+@pytest.mark.parametrize(("language", "code"), look_alike_params(LOOK_ALIKES))
 def test_look_alike_stays_below_critical(language: str, code: str) -> None:
     """Ordinary code that merely resembles a dangerous shape is not CRITICAL."""
-    risk, reasons = _assess(language, code)
+    risk, reasons = assess(language, code)
     assert risk < RiskLevel.CRITICAL, reasons
 
 

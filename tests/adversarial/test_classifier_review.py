@@ -23,6 +23,7 @@ from harombe.security.hitl import (
     RiskClassifier,
     RiskLevel,
 )
+from tests.adversarial.test_classifier import assess, look_alike_params, probe_params
 
 CLASSIFIER = RiskClassifier()
 
@@ -197,7 +198,6 @@ PYTHON = [
         "import importlib\nimportlib.import_module('json').sys.modules['os'].popen('id')",
         "popen",
     ),
-    ("getattr-list-element", "import os\ngetattr([os][0], 'system')('id')", "system"),
     ("type-annotation-eval", "x: eval('1') = 1", "eval"),
     (
         "walrus-in-comprehension",
@@ -210,14 +210,8 @@ PYTHON = [
         "subprocess_shell",
     ),
     ("yaml-load-unsafe-loader", "import yaml\nyaml.load(s, Loader=yaml.UnsafeLoader)", "yaml"),
-    ("yaml-load-no-loader", "import yaml\nyaml.load(s)", "yaml"),
     ("cffi-ffi", "from cffi import FFI\nFFI().dlopen(None).system(b'id')", "cffi"),
     ("ctypes-via-dunder-import", "__import__('ctyp' + 'es').CDLL(None)", "__import__"),
-    (
-        "object-getattribute-os",
-        "import os\nobject.__getattribute__(os, 'system')('id')",
-        "__getattribute__",
-    ),
     ('importlib-dict-import-module', "import importlib\nm = importlib.__dict__['import_module']('o' + 's')", 'computed'),
     ('sys-modules-builtins-exec', "import sys\nsys.modules['builtins'].exec('1')", 'exec'),
     ('atexit-register-system', "import atexit, os\natexit.register(os.system, 'id')", 'os.system'),
@@ -367,10 +361,7 @@ JAVASCRIPT = [
     ("import-node-prefix", "await import('node:child_process')", "child_process"),
     ("require-call", "require.call(null, 'child_process')", "child_process"),
     ("module-require", "module.require('vm')", "vm"),
-    ("module-load", "require('module')._load('child_process')", "_load"),
-    ("main-module", "process.mainModule.require('child_process')", "mainModule"),
     ("atob-global", "globalThis[atob('ZXZhbA==')]('1')", "computed"),
-    ("reflect-construct-function", "Reflect.construct(Function, ['return 1'])()", "Function"),
     (
         "async-function-ctor",
         "const AF = Object.getPrototypeOf(async function(){}).constructor;\nnew AF('return 1')()",
@@ -388,8 +379,6 @@ JAVASCRIPT = [
     ("with-process", "with (process) { binding('spawn_sync') }", "with"),
     ("with-global", "with (globalThis) { this_is_fine() }", "with"),
     ("proxy-global", "const p = new Proxy({}, { get: (t, k) => globalThis[k] });", "computed"),
-    ("process-binding", "process.binding('spawn_sync')", "binding"),
-    ("linked-binding", "process._linkedBinding('x')", "_linkedBinding"),
     (
         "destructure-constructor",
         "const { constructor: F } = () => {};\nF('return 1')()",
@@ -415,7 +404,6 @@ JAVASCRIPT = [
     ("ffi-napi", "const ffi = require('ffi-napi');", "ffi"),
     ("koffi", "import koffi from 'koffi';", "koffi"),
     ("native-addon", "require('./payload.node')", "native"),
-    ("native-addon-dlopen", "process.dlopen(module, '/tmp/x.node')", "dlopen"),
     ("data-url-import", "await import('data:text/javascript,console.log(1)')", "data:"),
     ("data-url-worker", "new Worker('data:text/javascript;base64,AAAA')", "data:"),
     ("https-import", "await import('https://e.invalid/x.mjs')", "remote"),
@@ -439,7 +427,6 @@ JAVASCRIPT = [
     ('repl-start', "require('repl').start('> ')", 'repl'),
     ('shadow-realm', "new ShadowRealm().evaluate('1 + 1')", 'ShadowRealm'),
     ('import-meta-require', "import.meta.require('child_process')", 'child_process'),
-    ('this-eval-string', "this['eval']('1')", 'eval'),
     ('object-constructor-call', "Object.constructor('return 1')()", 'constructor'),
     ('module-parent-require', "module.parent.require('child_process')", 'child_process'),
     ('require-cache-values', "Object.values(require.cache).map(m => m.exports)", 'require'),
@@ -452,7 +439,6 @@ JAVASCRIPT = [
 ]  # fmt: skip
 
 LOOK_ALIKES = [
-    ('python', 'model-eval', 'model.eval()\nmodel.train()'),
     ('python', 're-compile', "import re\nr = re.compile('a+')"),
     ('python', 'star-import-json-dumps', "from json import *\nprint(dumps({}))"),
     ('python', 'star-import-math', "from math import *\nprint(sqrt(2))"),
@@ -472,7 +458,6 @@ LOOK_ALIKES = [
     ('python', 'match-plain', "match x:\n    case 1:\n        print('one')"),
     ('python', 'decorator-plain', "import functools\n@functools.lru_cache\ndef f(x):\n    return x"),
     ('python', 'gc-collect', "import gc\ngc.collect()"),
-    ('shell', 'echo-rm', 'echo "rm -rf /"'),
     ('shell', 'alias-ll', "alias ll='ls -la'\nll"),
     ('shell', 'trap-cleanup', "trap 'rm -f /tmp/lock' EXIT"),
     ('shell', 'sed-substitute', "sed -i 's/foo/bar/g' notes.txt"),
@@ -489,9 +474,7 @@ LOOK_ALIKES = [
     ('shell', 'python-m-http', 'python3 -m http.server 8000 &'),
     ('shell', 'python-X-local', 'python3 -X dev analyze.py'),
     ('shell', 'node-version', 'node --version'),
-    ('javascript', 'regex-exec', "const m = /a(b)/.exec('ab')"),
     ('javascript', 'words-in-string', "console.log('eval child_process shelljs Function')"),
-    ('javascript', 'class-constructor', 'class A { constructor(x) { this.x = x } }'),
     ('javascript', 'optional-call', 'const r = cb?.(1); const v = obj?.[k]'),
     ('javascript', 'fs-rm-local', "fs.rmSync('build', { recursive: true, force: true })"),
     ('javascript', 'fs-write-local', "fs.writeFileSync('/workspace/out.json', '{}')"),
@@ -528,40 +511,19 @@ LOOK_ALIKES = [
     ('javascript', 'deno-word', "console.log('Deno and Bun are runtimes')"),
 ]  # fmt: skip
 
-PROBES = (
-    [("python", *c) for c in PYTHON]
-    + [("shell", *c) for c in SHELL]
-    + [("javascript", *c) for c in JAVASCRIPT]
-)
 
-
-def _assess(language: str, code: str) -> tuple[RiskLevel, list[str]]:
-    assessment = CLASSIFIER.assess(
-        Operation("code_execute", {"language": language, "code": code, "sandbox_id": "sb"})
-    )
-    return assessment.risk, [str(r) for r in assessment.reasons]
-
-
-@pytest.mark.parametrize(
-    ("language", "code", "construct"),
-    [(lang, code, construct) for lang, _, code, construct in PROBES],
-    ids=[f"{lang}-{ident}" for lang, ident, _, _ in PROBES],
-)
+@pytest.mark.parametrize(("language", "code", "construct"), probe_params(PYTHON, SHELL, JAVASCRIPT))
 def test_new_variant_is_critical_and_named(language: str, code: str, construct: str) -> None:
     """The new variant of a dangerous class is CRITICAL and a reason names its construct."""
-    risk, reasons = _assess(language, code)
+    risk, reasons = assess(language, code)
     assert risk == RiskLevel.CRITICAL, reasons
     assert any(construct.lower() in r.lower() for r in reasons), reasons
 
 
-@pytest.mark.parametrize(
-    ("language", "code"),
-    [(lang, code) for lang, _, code in LOOK_ALIKES],
-    ids=[f"{lang}-{ident}" for lang, ident, _ in LOOK_ALIKES],
-)
+@pytest.mark.parametrize(("language", "code"), look_alike_params(LOOK_ALIKES))
 def test_new_look_alike_stays_below_critical(language: str, code: str) -> None:
     """Harmless code resembling a generalised shape is not CRITICAL."""
-    risk, reasons = _assess(language, code)
+    risk, reasons = assess(language, code)
     assert risk < RiskLevel.CRITICAL, reasons
 
 
@@ -776,6 +738,11 @@ DEEP = [
     ('shell-10mb', 'shell', "echo hello world\n" * 600000),
     ('shell-substitutions', 'shell', "echo " + "$(" * 5000 + "id" + ")" * 5000),
     ('write-file-10mb', 'file', "print('x')\n" * 1000000),
+    # A backslash outside a string that starts no \u escape once stopped the tokenizer for ever.
+    ('javascript-stray-backslash', 'javascript', 'x\\y'),
+    ('javascript-lone-backslash', 'javascript', '\\'),
+    ('javascript-backslash-after-call', 'javascript', "require('fs')\\"),
+    ('shell-node-inline-backslash', 'shell', "node -e 'a\\b'"),
 ]  # fmt: skip
 
 
@@ -783,7 +750,8 @@ DEEP = [
     ("language", "code"), [(lang, c) for _, lang, c in DEEP], ids=[i for i, *_ in DEEP]
 )
 def test_unanalyzable_input_is_critical_with_a_reason(language: str, code: str) -> None:
-    """Deep nesting and huge inputs are CRITICAL with a reason, never an exception or a pass."""
+    """Deep nesting, huge inputs and code the tokenizer cannot read are CRITICAL with a
+    reason, never an exception, a hang or a pass."""
     if language == "file":
         op = Operation(
             "code_write_file", {"file_path": "run.py", "content": code, "sandbox_id": "sb"}

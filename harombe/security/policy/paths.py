@@ -127,43 +127,8 @@ def workspace_relative(path: str, *, allow_root: bool = False) -> str:
     what is rewritten and what is refused. ``allow_root`` is for directories (listing): it
     admits ``.`` (the workspace itself) and a trailing ``/``.
     """
-    if not is_a(path, str):
-        raise WorkspacePathError(
-            f"file path must be a string, got {type_name(path)}; give a path relative to "
-            "/workspace such as 'data/input.csv'"
-        )
-    path = exact_str(path)
-    if len(path) > MAX_PATH_CHARS:
-        raise WorkspacePathError(
-            f"file path is longer than {MAX_PATH_CHARS} characters ({len(path)}); shorten it"
-        )
-    if "\x00" in path:
-        raise WorkspacePathError(f"file path {preview(path)} contains a NUL byte; remove it")
-    if path.strip() == "":
-        raise WorkspacePathError("file path is empty; give a path relative to /workspace")
-    _refuse_odd_characters(path)
-    if not unicodedata.is_normalized("NFC", path):
-        raise WorkspacePathError(
-            f"file path {path[:ECHO_CHARS]!a} is not in Unicode NFC form, so it could name a "
-            "different file than it appears to; write it composed, as "
-            f"{unicodedata.normalize('NFC', path[:ECHO_CHARS])!a}"
-        )
-    rel_text = path
-    if path.startswith("/"):
-        collapsed = "/" + path.lstrip("/")
-        if collapsed == WORKSPACE or collapsed.startswith(WORKSPACE + "/"):
-            rel_text = collapsed[len(WORKSPACE) :]
-        else:
-            raise WorkspacePathError(
-                f"absolute path {preview(path)} is outside /workspace; use a path relative to "
-                "/workspace"
-            )
-    names = rel_text.split("/")
-    if ".." in names:
-        raise WorkspacePathError(
-            f"path {preview(path)} contains '..'; paths must stay inside /workspace, so write "
-            "it without '..'"
-        )
+    path = _plain_text(path)
+    names = _relative_names(path)
     for name in names:
         _check_name(name, path)
     parts = [n for n in names if n not in ("", ".")]
@@ -188,6 +153,55 @@ def workspace_relative(path: str, *, allow_root: bool = False) -> str:
                 f"file's name without the trailing '/' ({preview(rel)})"
             )
     return rel
+
+
+def _plain_text(path: object) -> str:
+    """``path`` as an exact ``str`` that may name a file: not too long, not empty, no NUL,
+    no odd characters, in NFC form; else :class:`WorkspacePathError`."""
+    if not is_a(path, str):
+        raise WorkspacePathError(
+            f"file path must be a string, got {type_name(path)}; give a path relative to "
+            "/workspace such as 'data/input.csv'"
+        )
+    text = exact_str(path)
+    if len(text) > MAX_PATH_CHARS:
+        raise WorkspacePathError(
+            f"file path is longer than {MAX_PATH_CHARS} characters ({len(text)}); shorten it"
+        )
+    if "\x00" in text:
+        raise WorkspacePathError(f"file path {preview(text)} contains a NUL byte; remove it")
+    if text.strip() == "":
+        raise WorkspacePathError("file path is empty; give a path relative to /workspace")
+    _refuse_odd_characters(text)
+    if not unicodedata.is_normalized("NFC", text):
+        raise WorkspacePathError(
+            f"file path {text[:ECHO_CHARS]!a} is not in Unicode NFC form, so it could name a "
+            "different file than it appears to; write it composed, as "
+            f"{unicodedata.normalize('NFC', text[:ECHO_CHARS])!a}"
+        )
+    return text
+
+
+def _relative_names(path: str) -> list[str]:
+    """The names of ``path`` below ``/workspace`` (empty and ``.`` names kept): the
+    ``/workspace/`` prefix taken off; an absolute path elsewhere, or ``..``, refused."""
+    rel_text = path
+    if path.startswith("/"):
+        collapsed = "/" + path.lstrip("/")
+        if collapsed == WORKSPACE or collapsed.startswith(WORKSPACE + "/"):
+            rel_text = collapsed[len(WORKSPACE) :]
+        else:
+            raise WorkspacePathError(
+                f"absolute path {preview(path)} is outside /workspace; use a path relative to "
+                "/workspace"
+            )
+    names = rel_text.split("/")
+    if ".." in names:
+        raise WorkspacePathError(
+            f"path {preview(path)} contains '..'; paths must stay inside /workspace, so write "
+            "it without '..'"
+        )
+    return names
 
 
 def _refuse_odd_characters(path: str) -> None:

@@ -6,8 +6,9 @@ risk       wait   operations
 CRITICAL   30 s   ``code_execute`` in a sandbox with network (``network_enabled`` true, which
                   the tools set whenever the target sandbox has network); code that does something
                   dangerous (see :mod:`harombe.security.policy.code_risk`); writing a script whose
-                  content does; installing from a registry other than pypi/npm or from a
-                  URL, path or VCS source
+                  content does; installing from a registry other than pypi/npm, or anything
+                  but a plain registry spec (a URL, VCS, path or archive source, an alias, a
+                  malformed spec: whatever the installer would refuse)
 HIGH       60 s   any other ``code_execute``, and one whose ``timeout`` exceeds
                   ``timeout_default_s``; ``code_install_package`` from pypi/npm; writing an
                   executable or script file
@@ -22,17 +23,16 @@ from __future__ import annotations
 
 import math
 
+from harombe.config import REGISTRIES
 from harombe.security.policy.code_risk import Finding, analyze_code, language_for_path
+from harombe.security.policy.package_specs import judge_spec
 from harombe.security.policy.rules import HITLRule, Operation, RiskLevel
 
-STANDARD_REGISTRIES = ("pypi", "npm")
 #: Files that are programs, by extension (the guide's list, plus common script extensions).
 EXECUTABLE_EXTENSIONS = (
     ".sh", ".bash", ".py", ".pyw", ".js", ".mjs", ".cjs", ".exe", ".bin", ".so", ".elf",
 )  # fmt: skip
 EXECUTABLE_PATTERN = r"(?i)\.(" + "|".join(e[1:] for e in EXECUTABLE_EXTENSIONS) + r")$"
-#: Package specs that name a source other than the registry: URLs, VCS, local paths, tarballs.
-_NONSTANDARD_SOURCE_MARKERS = ("://", "git+", "file:", "github:", "gitlab:", "link:", "npm:")
 
 
 def sandbox_network(op: Operation) -> list[Finding]:
@@ -83,19 +83,18 @@ def dangerous_file_content(op: Operation) -> list[Finding]:
 
 
 def nonstandard_package_source(op: Operation) -> list[Finding]:
-    """A package spec that points somewhere other than the registry."""
-    package = op.params.get("package")
-    if not isinstance(package, str):
+    """A ``package`` that is not a plain registry spec for its ``registry`` (``pypi`` when the
+    call names none, as the tool does): exactly what the installer refuses, a missing or
+    non-string package included (:func:`~harombe.security.policy.package_specs.judge_spec`
+    decides both). An unknown registry is the registry rule's finding, not this one's."""
+    registry = op.params.get("registry", "pypi")
+    if registry not in REGISTRIES:
         return []
-    spec = package.strip()
-    if (
-        any(marker in spec for marker in _NONSTANDARD_SOURCE_MARKERS)
-        or spec.startswith((".", "/", "~"))
-        or " @ " in spec
-        or spec.endswith((".tar.gz", ".tgz", ".whl", ".zip"))
-    ):
-        return [Finding("package-source", f"{spec!r} is not a plain registry package")]
-    return []
+    verdict = judge_spec(op.params.get("package"), registry)
+    if verdict.kind == "registry":
+        return []
+    return [Finding("package-source", f"not a plain registry package ({verdict.kind}): "
+                                      f"{verdict.reason}")]  # fmt: skip
 
 
 def get_sandbox_hitl_rules() -> list[HITLRule]:
@@ -123,7 +122,7 @@ def get_sandbox_hitl_rules() -> list[HITLRule]:
         ),
         HITLRule(
             tools=["code_install_package"], risk=RiskLevel.CRITICAL, timeout=30,
-            conditions=[{"param": "registry", "not_in": list(STANDARD_REGISTRIES)}],
+            conditions=[{"param": "registry", "not_in": list(REGISTRIES)}],
             description="Package installation from a non-standard registry",
         ),
         HITLRule(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import enum
 import math
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
@@ -52,11 +51,14 @@ CONDITION_OPERATORS = ("matches", "equals", "in", "not_in")
 
 @dataclass(frozen=True)
 class Operation:
-    """One tool call about to happen: the tool's name and the parameters it was called with."""
+    """One tool call about to happen: the tool's name and the parameters it was called with.
+
+    ``operation_id`` names it in the audit log; left empty, the gate gives it one (policy draws
+    no randomness)."""
 
     tool_name: str
     params: Mapping[str, Any] = field(default_factory=dict)
-    operation_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    operation_id: str = ""
 
     @property
     def sandbox_id(self) -> str | None:

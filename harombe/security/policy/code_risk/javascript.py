@@ -13,101 +13,26 @@ from harombe.security.policy.code_risk import (
     language_for_path,
     normalize_path,
 )
+from harombe.security.policy.code_risk.javascript_names import (
+    ASSEMBLED,
+    DANGEROUS_MEMBERS,
+    DANGEROUS_MODULES,
+    FS_DELETERS,
+    FS_SCRIPT_WRITERS,
+    FS_WRITERS,
+    GLOBAL_OBJECTS,
+    INTERNALS,
+    KERNEL_PATHS,
+    LOADERS,
+    LOOKUP_GLOBALS,
+    REFLECTED,
+    RUNTIME_MEMBERS,
+    SAFE_DEVICES,
+    SYSTEM_DIRS,
+    TELLTALE_STRINGS,
+    TIMERS,
+)
 from harombe.security.policy.code_risk.javascript_tokens import JSSyntaxError, Token, Tokenizer
-
-#: Modules whose import means running programs or strings as code.
-DANGEROUS_MODULES = {
-    "child_process": "child_process runs other programs",
-    "vm": "vm runs strings as code",
-    "inspector": "inspector evaluates code in the running process",
-    "repl": "repl runs what it reads as code",
-    "worker_threads": "worker_threads can run strings as code",
-    # Packages that wrap those, or load native code.
-    "shelljs": "shelljs runs shell commands", "execa": "execa runs other programs",
-    "zx": "zx runs shell commands", "cross-spawn": "cross-spawn runs other programs",
-    "node-pty": "node-pty runs programs on a terminal",
-    "@npmcli/promise-spawn": "promise-spawn runs other programs",
-    "child-process-promise": "child-process-promise runs other programs",
-    "vm2": "vm2 runs strings as code", "isolated-vm": "isolated-vm runs strings as code",
-    "safe-eval": "safe-eval runs strings as code", "node-cmd": "node-cmd runs shell commands",
-    "ffi-napi": "ffi-napi calls C functions", "ffi": "ffi calls C functions",
-    "koffi": "koffi calls C functions", "node-ffi": "node-ffi calls C functions",
-}  # fmt: skip
-#: Members of runtime globals that run programs or load native code (Deno, Bun).
-RUNTIME_MEMBERS = {"Deno": {"run", "Command", "dlopen", "spawn", "spawnSync"},
-                   "Bun": {"$", "spawn", "spawnSync", "dlopen"}}  # fmt: skip
-#: Functions that run a module given by specifier, like ``import()``.
-SPEC_LOADERS = {"require", "import", "getBuiltinModule", "Worker", "Module", "_load"}
-#: Names that lead past the module system to the process's internals.
-INTERNALS = {"mainModule", "binding", "_linkedBinding", "dlopen", "_load", "constructor"}
-GLOBAL_OBJECTS = {"globalThis", "global", "window", "self", "process", "module"}
-REFLECTED = (
-    INTERNALS
-    | {
-        "eval",
-        "Function",
-        "require",
-        "getBuiltinModule",
-        "createRequire",
-        "execve",
-        "runInNewContext",
-        "runInThisContext",
-    }
-    | DANGEROUS_MODULES.keys()
-)
-#: Strings that name a way to code execution wherever they appear (``const c = 'constructor';
-#: [][c][c](…)``): the string is the only trace the scan can see.
-TELLTALE_STRINGS = {"constructor", "__proto__", "Function", "getBuiltinModule", "createRequire",
-                    "mainModule", "_linkedBinding", "dlopen", "_load"}  # fmt: skip
-#: Global objects whose members can be looked up by name once they are handed to a function.
-_LOOKUP_GLOBALS = {"globalThis", "global", "window", "self", "process"}
-#: fs members that delete, and that write, the path given as their first argument.
-FS_DELETERS = {"rm", "rmSync", "rmdir", "rmdirSync", "unlink", "unlinkSync"}
-FS_WRITERS = {
-    "writeFile",
-    "writeFileSync",
-    "appendFile",
-    "appendFileSync",
-    "createWriteStream",
-    "truncate",
-    "truncateSync",
-    "copyFile",
-    "copyFileSync",
-    "symlink",
-    "symlinkSync",
-}
-FS_SCRIPT_WRITERS = {"writeFile", "writeFileSync", "appendFile", "appendFileSync"}
-_KERNEL_PATHS = ("/dev/", "/proc/", "/sys/")
-_SAFE_DEVICES = ("/dev/null", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/shm/")
-_SYSTEM_DIRS = (
-    "/etc/",
-    "/bin/",
-    "/sbin/",
-    "/usr/",
-    "/lib/",
-    "/lib64/",
-    "/boot/",
-    "/root/",
-    "/var/",
-    "/opt/",
-)
-TIMERS = {"setTimeout", "setInterval", "setImmediate"}
-#: Functions that load a module by name, like ``require``.
-LOADERS = {"require", "getBuiltinModule"}
-#: Member names that run programs or strings as code whatever object they are reached on (the
-#: object may be child_process or vm obtained some way the scan cannot follow).
-DANGEROUS_MEMBERS = {
-    "execSync": "execSync() runs a shell command", "execFileSync": "execFileSync() runs a "
-    "program", "execFile": "execFile() runs a program", "spawnSync": "spawnSync() runs a "
-    "program", "spawn": "spawn() runs a program", "execve": "execve() replaces the process",
-    "runInNewContext": "runInNewContext() runs a string as code", "runInThisContext":
-    "runInThisContext() runs a string as code", "runInContext": "runInContext() runs a string "
-    "as code", "compileFunction": "compileFunction() builds a function from a string",
-    "createRequire": "createRequire() makes a require whose loads are not checked",
-}  # fmt: skip
-#: Names that, assembled from pieces (``'ev' + 'al'``), mean the assembly is hiding them.
-ASSEMBLED = REFLECTED | {"child_process", "node:child_process", "getBuiltinModule", "exec",
-                         "execSync", "spawn", "process", "global", "globalThis"}  # fmt: skip
 
 
 def _module(spec: str) -> str:
@@ -139,9 +64,9 @@ def _fs_danger(method: str, path: str) -> tuple[str, str] | None:
         ):
             return "delete", f"{method}() deletes {path!r}"
         return None
-    if path.startswith(_KERNEL_PATHS) and not path.startswith(_SAFE_DEVICES):
+    if path.startswith(KERNEL_PATHS) and not path.startswith(SAFE_DEVICES):
         return "device-write", f"{method}() writes to the kernel or device file {path}"
-    if path.startswith(_SYSTEM_DIRS):
+    if path.startswith(SYSTEM_DIRS):
         return "system-write", f"{method}() writes to the system file {path}"
     return None
 
@@ -206,192 +131,260 @@ def _assembled(tokens: list[Token], i: int) -> tuple[str, int] | None:
     return None
 
 
-def _scan(tokens: list[Token], depth: int = 0) -> list[Finding]:
-    findings: list[Finding] = []
-    global_names, loaders, creators = _aliases(tokens)
+class _Scan:
+    """One pass over ``tokens``: each token is judged by the first rule that its kind, its
+    neighbours and the names the code binds (:func:`_aliases`) select, and at most one rule
+    speaks for it. ``depth`` is the nesting of scripts inside scripts (:func:`analyze_code`)."""
 
-    def at(i: int) -> Token:
-        return tokens[i] if 0 <= i < len(tokens) else Token("eof", "", 0)
+    def __init__(self, tokens: list[Token], depth: int) -> None:
+        self.tokens = tokens
+        self.depth = depth
+        self.findings: list[Finding] = []
+        self.global_names, self.loaders, self.creators = _aliases(tokens)
 
-    def add(tok: Token, construct: str, detail: str) -> None:
-        findings.append(Finding(construct, detail, tok.line))
+    def run(self) -> list[Finding]:
+        for i, tok in enumerate(self.tokens):
+            if tok.kind == "name":
+                self._name(i, tok)
+            else:
+                self._other(i, tok)
+        return self.findings
 
-    def module_ref(tok: Token, spec: Token, end: Token) -> None:
+    def at(self, i: int) -> Token:
+        return self.tokens[i] if 0 <= i < len(self.tokens) else Token("eof", "", 0)
+
+    def add(self, tok: Token, construct: str, detail: str) -> None:
+        self.findings.append(Finding(construct, detail, tok.line))
+
+    def module_ref(self, tok: Token, spec: Token, end: Token) -> None:
         """``require(spec)`` / ``import(spec)``: literal specs are checked, others are flagged."""
         if spec.kind == "str" and (why := _spec_danger(spec.value)):
-            add(tok, "import", f"loads native, remote or inline code: {why}")
+            self.add(tok, "import", f"loads native, remote or inline code: {why}")
         elif spec.kind == "str" and end.value == ")":
             why = DANGEROUS_MODULES.get(_module(spec.value))
             if why:
-                add(tok, "import", f"loads {spec.value}: {why}")
+                self.add(tok, "import", f"loads {spec.value}: {why}")
         else:
-            add(tok, "computed-name", f"{tok.value}() loads a module computed at run time")
+            self.add(tok, "computed-name", f"{tok.value}() loads a module computed at run time")
 
-    def create_require(i: int, tok: Token) -> None:
+    def _name(self, i: int, tok: Token) -> None:
+        prev = self.at(i - 1)
+        if tok.value in self.creators:
+            self._create_require(i, tok)
+        elif tok.value == "Function" and prev.value != "instanceof":
+            # Also as a key: ``const { Function: F } = globalThis`` destructures it.
+            self.add(tok, "eval", "the Function constructor builds a function from a string")
+        elif prev.kind == "punct" and prev.value == ".":
+            self._member(i, tok)
+        elif tok.value == "ShadowRealm":
+            self.add(tok, "eval", "ShadowRealm.evaluate() runs a string as code")
+        elif tok.value == "with" and self.at(i + 1).value == "(":
+            self.add(tok, "computed-name", "a with statement makes every bare name a lookup on "
+                     "an object the scan cannot follow")  # fmt: skip
+        elif tok.value == "constructor" and self.at(i + 1).value != "(":
+            # const { constructor: F } = fn, or { constructor } = fn: the Function constructor.
+            self.add(tok, "eval", "destructures constructor, which may be the Function "
+                     "constructor")  # fmt: skip
+        else:
+            self._bare_name(i, tok)
+
+    def _create_require(self, i: int, tok: Token) -> None:
         """``createRequire(…)('x')`` is ``require('x')``; bound to a name it is a loader
         (found by :func:`_aliases`); anything else hides what it loads."""
+        at = self.at
         if at(i + 1).value != "(":
             if at(i - 1).value not in ("{", ",", "as") or at(i + 1).value not in ("}", ",", "as"):
-                add(tok, "computed-name", "createRequire is passed around, so what it loads is "
-                    "unknown")  # fmt: skip
+                self.add(tok, "computed-name", "createRequire is passed around, so what it "
+                         "loads is unknown")  # fmt: skip
             return
-        end = _matching(tokens, i + 1)
+        end = _matching(self.tokens, i + 1)
         if at(end + 1).value == "(":
-            module_ref(tok, at(end + 2), at(end + 3))
+            self.module_ref(tok, at(end + 2), at(end + 3))
         elif at(i - 1).value != "=" and not (at(i - 1).value == "." and at(i - 3).value == "="):
-            add(tok, "computed-name", "createRequire() makes a require whose loads are unknown")
+            self.add(tok, "computed-name", "createRequire() makes a require whose loads are "
+                     "unknown")  # fmt: skip
 
-    for i, tok in enumerate(tokens):
-        prev, nxt = at(i - 1), at(i + 1)
-        member = prev.kind == "punct" and prev.value == "."
-        if tok.kind == "name" and tok.value in creators:
-            create_require(i, tok)
-        elif tok.kind == "name" and tok.value == "Function" and prev.value != "instanceof":
-            # Also as a key: ``const { Function: F } = globalThis`` destructures it.
-            add(tok, "eval", "the Function constructor builds a function from a string")
-        elif tok.kind == "name" and member and tok.value == "constructor":
+    def _member(self, i: int, tok: Token) -> None:
+        """A name after a ``.``: a member of something."""
+        at, nxt = self.at, self.at(i + 1)
+        if tok.value == "constructor":
             # x.constructor.name and comparisons are type checks; anything else may be the
             # Function constructor reached from a function value ((()=>{}).constructor).
             if not ((nxt.value == "." and at(i + 2).value == "name")
                     or nxt.value in ("===", "==", "!==", "!=", "=")):  # fmt: skip
-                add(tok, "eval", ".constructor may reach the Function constructor")
+                self.add(tok, "eval", ".constructor may reach the Function constructor")
+        elif self._fs_call(i, tok):
+            pass
+        elif tok.value in RUNTIME_MEMBERS.get(at(i - 2).value, ()):
+            self.add(tok, "call", f"{at(i - 2).value}.{tok.value} runs programs or native code")
         elif (
-            tok.kind == "name" and member and tok.value in FS_DELETERS | FS_WRITERS
-            and nxt.value == "(" and at(i + 2).kind == "str"
-            and (fs_why := _fs_danger(tok.value, at(i + 2).value))
-        ):  # fmt: skip
-            add(tok, fs_why[0], fs_why[1])
-        elif (
-            tok.kind == "name" and member and tok.value in FS_SCRIPT_WRITERS and nxt.value == "("
-            and at(i + 2).kind == "str" and at(i + 3).value == "," and at(i + 4).kind == "str"
-            and (language := language_for_path(at(i + 2).value, at(i + 4).value))
-        ):  # fmt: skip
-            # A script written from fixed text runs exactly that text when it is run.
-            for f in analyze_code(language, at(i + 4).value, depth=depth + 1):
-                add(tok, f.construct, f"in the script written to {at(i + 2).value}: {f.detail}")
-        elif member and tok.value in RUNTIME_MEMBERS.get(at(i - 2).value, ()):
-            add(tok, "call", f"{at(i - 2).value}.{tok.value} runs programs or native code")
-        elif (
-            tok.kind == "name" and member and tok.value in TIMERS
-            and at(i - 2).value in global_names
+            tok.value in TIMERS and at(i - 2).value in self.global_names
             and (nxt.kind == "str" or (nxt.value == "(" and at(i + 2).kind == "str"))
         ):  # fmt: skip
-            add(tok, "eval", f"{tok.value}() with a string runs it as code")
+            self.add(tok, "eval", f"{tok.value}() with a string runs it as code")
         elif (
-            tok.kind == "name" and member and tok.value == "cache" and at(i - 2).value in loaders
+            tok.value == "cache" and at(i - 2).value in self.loaders
             and nxt.value in (")", ",") and at(i - 3).value in ("(", ",")
         ):  # fmt: skip
-            add(tok, "escape", "require.cache handed to a function reaches every loaded module")
-        elif tok.kind == "name" and member and tok.value in DANGEROUS_MEMBERS:
+            self.add(tok, "escape", "require.cache handed to a function reaches every loaded "
+                     "module")  # fmt: skip
+        elif tok.value in DANGEROUS_MEMBERS:
             # The receiver is part of the finding: approving pool.spawn() never approves
             # spawn() on another object.
             receiver = at(i - 2).value if at(i - 2).kind in ("name", "str") else at(i - 2).kind
-            add(tok, "call", f".{tok.value} on {receiver}: {DANGEROUS_MEMBERS[tok.value]}")
-        elif tok.kind == "name" and member:
-            if tok.value in LOADERS and nxt.value == "(":
-                module_ref(tok, at(i + 2), at(i + 3))
-            elif tok.value in LOADERS and nxt.value != ".":
-                add(tok, "computed-name", f"{tok.value} is passed around, so what it loads "
-                    "is unknown")  # fmt: skip
-            elif tok.value in ("eval", "Function") and at(i - 2).value in global_names:
-                add(tok, "eval", f"{at(i - 2).value}.{tok.value} runs a string as code")
-            elif (
-                at(i - 2).value == "Reflect" and tok.value in ("get", "getOwnPropertyDescriptor")
-                and nxt.value == "(" and at(i + 2).value in global_names
-            ):  # fmt: skip
-                add(tok, "computed-name", f"Reflect.{tok.value}({at(i + 2).value}, …) looks "
-                    "up a global by name")  # fmt: skip
-            elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
-                add(tok, "escape", f".{tok.value} reaches past the module system")
-        elif tok.kind == "name" and tok.value == "ShadowRealm" and not member:
-            add(tok, "eval", "ShadowRealm.evaluate() runs a string as code")
-        elif tok.kind == "name" and tok.value == "with" and nxt.value == "(":
-            add(tok, "computed-name", "a with statement makes every bare name a lookup on an "
-                "object the scan cannot follow")  # fmt: skip
-        elif tok.kind == "name" and tok.value == "constructor" and nxt.value != "(":
-            # const { constructor: F } = fn, or { constructor } = fn: the Function constructor.
-            add(tok, "eval", "destructures constructor, which may be the Function constructor")
+            self.add(tok, "call", f".{tok.value} on {receiver}: {DANGEROUS_MEMBERS[tok.value]}")
+        else:
+            self._member_lookup(i, tok)
+
+    def _fs_call(self, i: int, tok: Token) -> bool:
+        """``fs.<method>('<path>', …)``: a delete or write outside the workspace, or a script
+        written from fixed text (which runs exactly that text when it is run). True when it
+        is one of those, findings added."""
+        at, path = self.at, self.at(i + 2)
+        if at(i + 1).value != "(" or path.kind != "str":
+            return False
+        if tok.value in FS_DELETERS | FS_WRITERS and (why := _fs_danger(tok.value, path.value)):
+            self.add(tok, why[0], why[1])
+            return True
+        content = at(i + 4)
+        if (
+            tok.value in FS_SCRIPT_WRITERS and at(i + 3).value == "," and content.kind == "str"
+            and (language := language_for_path(path.value, content.value))
+        ):  # fmt: skip
+            for f in analyze_code(language, content.value, depth=self.depth + 1):
+                self.add(tok, f.construct, f"in the script written to {path.value}: {f.detail}")
+            return True
+        return False
+
+    def _member_lookup(self, i: int, tok: Token) -> None:
+        """Members that load modules, run strings or reach the process's internals."""
+        at, nxt = self.at, self.at(i + 1)
+        if tok.value in LOADERS and nxt.value == "(":
+            self.module_ref(tok, at(i + 2), at(i + 3))
+        elif tok.value in LOADERS and nxt.value != ".":
+            self.add(tok, "computed-name", f"{tok.value} is passed around, so what it loads "
+                     "is unknown")  # fmt: skip
+        elif tok.value in ("eval", "Function") and at(i - 2).value in self.global_names:
+            self.add(tok, "eval", f"{at(i - 2).value}.{tok.value} runs a string as code")
         elif (
-            tok.kind == "punct"
-            and tok.value == "="
-            and prev.value == "}"
-            and (nxt.value in global_names and at(i + 2).value not in (".", "[", "("))
-        ):
-            # The pattern's own "{", looked for nearby only (a pattern is short).
-            start = next((j for j in range(i - 1, max(i - 200, 0) - 1, -1)
-                          if tokens[j].value == "{"), i)  # fmt: skip
-            for key in tokens[start:i]:
-                if key.kind == "name" and key.value in REFLECTED | DANGEROUS_MEMBERS.keys():
-                    add(key, "escape", f"destructures {key.value} from {nxt.value}")
-        elif tok.kind == "name":
-            if nxt.value == ":" and prev.value in ("{", ",") and tok.value != "Function":
-                if tok.value == "eval" and at(i + 2).value != "false":
-                    add(tok, "eval", "eval as a key: a Worker's eval: true, or eval destructured")
-                continue  # an object key
-            if tok.value == "eval":
-                add(tok, "eval", "eval runs a string as code")
-            elif (tok.value in loaders or tok.value == "import") and nxt.value == "(":
-                module_ref(tok, at(i + 2), at(i + 3))
-            elif (
-                tok.value in loaders
-                and nxt.value == "."
-                and at(i + 2).value in ("call", "apply", "bind")
-            ):
-                add(tok, "computed-name", f"{tok.value}.{at(i + 2).value} loads a module the "
-                    "scan cannot see")  # fmt: skip
-            elif (
-                tok.value in loaders and nxt.value not in (".", "=")
-                and prev.value not in ("{", ",", "as")
-            ):  # fmt: skip
-                add(tok, "computed-name", f"{tok.value} is passed around, so what it loads "
-                    "is unknown")  # fmt: skip
-            elif tok.value in ("from", "import") and nxt.kind == "str":
-                why = DANGEROUS_MODULES.get(_module(nxt.value))
-                if why:
-                    add(tok, "import", f"imports {nxt.value}: {why}")
-                elif why := _spec_danger(nxt.value):
-                    add(tok, "import", f"imports native, remote or inline code: {why}")
-            elif tok.value in TIMERS and nxt.kind == "str":
-                add(tok, "eval", f"{tok.value} with a tagged template runs it as code")
-            elif tok.value in TIMERS and nxt.value == "(" and at(i + 2).kind == "str":
-                add(tok, "eval", f"{tok.value}() with a string runs it as code")
-            elif (
-                (tok.value in _LOOKUP_GLOBALS or tok.value in global_names - GLOBAL_OBJECTS)
-                and prev.value in ("(", ",") and nxt.value in (")", ",")
-                and at(i - 2).value not in ("log", "info", "warn", "error", "debug")
-            ):  # fmt: skip
-                add(tok, "computed-name", f"hands {tok.value} to a function that can look up "
-                    "any global by name")  # fmt: skip
-            elif tok.value in global_names and nxt.value == "[":
-                key, close = at(i + 2), at(i + 3)
-                if key.kind != "str" or close.value != "]":
-                    detail = f"{tok.value}[…] looks up a name computed at run time"
-                    add(tok, "computed-name", detail)
-        elif tok.kind == "str" and (prev.value, nxt.value) == ("[", "]") and tok.value in REFLECTED:
-            add(tok, "escape", f"[{tok.value!r}] reaches {tok.value} by name")
+            at(i - 2).value == "Reflect" and tok.value in ("get", "getOwnPropertyDescriptor")
+            and nxt.value == "(" and at(i + 2).value in self.global_names
+        ):  # fmt: skip
+            self.add(tok, "computed-name", f"Reflect.{tok.value}({at(i + 2).value}, …) looks "
+                     "up a global by name")  # fmt: skip
+        elif tok.value in INTERNALS and (tok.value != "constructor" or nxt.value == "("):
+            self.add(tok, "escape", f".{tok.value} reaches past the module system")
+
+    def _bare_name(self, i: int, tok: Token) -> None:
+        """A name not after a ``.``: an object key, ``eval``, a loader, an import, a timer or
+        a global handed around or indexed."""
+        at, prev, nxt = self.at, self.at(i - 1), self.at(i + 1)
+        if nxt.value == ":" and prev.value in ("{", ",") and tok.value != "Function":
+            # An object key.
+            if tok.value == "eval" and at(i + 2).value != "false":
+                self.add(tok, "eval", "eval as a key: a Worker's eval: true, or eval destructured")
+        elif tok.value == "eval":
+            self.add(tok, "eval", "eval runs a string as code")
+        elif (tok.value in self.loaders or tok.value == "import") and self._loader(i, tok):
+            pass
+        elif tok.value == "from" and nxt.kind == "str":
+            self._import_from(tok, nxt)
+        elif tok.value in TIMERS and nxt.kind == "str":
+            self.add(tok, "eval", f"{tok.value} with a tagged template runs it as code")
+        elif tok.value in TIMERS and nxt.value == "(" and at(i + 2).kind == "str":
+            self.add(tok, "eval", f"{tok.value}() with a string runs it as code")
+        else:
+            self._global_use(i, tok)
+
+    def _loader(self, i: int, tok: Token) -> bool:
+        """``require``, a name bound to a loader, or ``import``: a call, a loader handed on,
+        or a static import. True when it is one of those, findings added."""
+        at, prev, nxt = self.at, self.at(i - 1), self.at(i + 1)
+        loader = tok.value in self.loaders
+        if nxt.value == "(":
+            self.module_ref(tok, at(i + 2), at(i + 3))
+        elif loader and nxt.value == "." and at(i + 2).value in ("call", "apply", "bind"):
+            self.add(tok, "computed-name", f"{tok.value}.{at(i + 2).value} loads a module the "
+                     "scan cannot see")  # fmt: skip
+        elif loader and nxt.value not in (".", "=") and prev.value not in ("{", ",", "as"):
+            self.add(tok, "computed-name", f"{tok.value} is passed around, so what it loads "
+                     "is unknown")  # fmt: skip
+        elif tok.value == "import" and nxt.kind == "str":
+            self._import_from(tok, nxt)
+        else:
+            return False
+        return True
+
+    def _import_from(self, tok: Token, spec: Token) -> None:
+        """``import 'x'`` / ``from 'x'``."""
+        why = DANGEROUS_MODULES.get(_module(spec.value))
+        if why:
+            self.add(tok, "import", f"imports {spec.value}: {why}")
+        elif why := _spec_danger(spec.value):
+            self.add(tok, "import", f"imports native, remote or inline code: {why}")
+
+    def _global_use(self, i: int, tok: Token) -> None:
+        """A global object handed to a function, or indexed with a computed key."""
+        at, prev, nxt = self.at, self.at(i - 1), self.at(i + 1)
+        if (
+            (tok.value in LOOKUP_GLOBALS or tok.value in self.global_names - GLOBAL_OBJECTS)
+            and prev.value in ("(", ",") and nxt.value in (")", ",")
+            and at(i - 2).value not in ("log", "info", "warn", "error", "debug")
+        ):  # fmt: skip
+            self.add(tok, "computed-name", f"hands {tok.value} to a function that can look up "
+                     "any global by name")  # fmt: skip
+        elif tok.value in self.global_names and nxt.value == "[":
+            key, close = at(i + 2), at(i + 3)
+            if key.kind != "str" or close.value != "]":
+                detail = f"{tok.value}[…] looks up a name computed at run time"
+                self.add(tok, "computed-name", detail)
+
+    def _other(self, i: int, tok: Token) -> None:
+        """Tokens that are not names: a runtime member spelt oddly, a destructuring ``=``, or
+        a string."""
+        at, prev = self.at, self.at(i - 1)
+        member = prev.kind == "punct" and prev.value == "."
+        if member and tok.value in RUNTIME_MEMBERS.get(at(i - 2).value, ()):
+            self.add(tok, "call", f"{at(i - 2).value}.{tok.value} runs programs or native code")
+        elif tok.kind == "punct" and tok.value == "=" and prev.value == "}":
+            self._destructure(i)
+        elif tok.kind == "str":
+            self._string(i, tok)
+
+    def _destructure(self, i: int) -> None:
+        """``{ … } = <global>``: dangerous names destructured from a global object."""
+        source = self.at(i + 1)
+        if source.value not in self.global_names or self.at(i + 2).value in (".", "[", "("):
+            return
+        # The pattern's own "{", looked for nearby only (a pattern is short).
+        start = next((j for j in range(i - 1, max(i - 200, 0) - 1, -1)
+                      if self.tokens[j].value == "{"), i)  # fmt: skip
+        for key in self.tokens[start:i]:
+            if key.kind == "name" and key.value in REFLECTED | DANGEROUS_MEMBERS.keys():
+                self.add(key, "escape", f"destructures {key.value} from {source.value}")
+
+    def _string(self, i: int, tok: Token) -> None:
+        """A string literal naming a dangerous module, global or code, or assembled into one."""
+        at, prev, nxt = self.at, self.at(i - 1), self.at(i + 1)
+        module = _module(tok.value)
+        if (prev.value, nxt.value) == ("[", "]") and tok.value in REFLECTED:
+            self.add(tok, "escape", f"[{tok.value!r}] reaches {tok.value} by name")
         elif (
-            tok.kind == "str"
-            and _module(tok.value) in DANGEROUS_MODULES
-            and (tok.value.removeprefix("node:") == _module(tok.value))
+            module in DANGEROUS_MODULES and tok.value.removeprefix("node:") == module
             and prev.value not in ("from", "import")
-            and not (prev.value == "(" and at(i - 2).value in loaders | {"import"})
-        ):
+            and not (prev.value == "(" and at(i - 2).value in self.loaders | {"import"})
+        ):  # fmt: skip
             # However it reaches a loader (a variable, .call, an object), the name is the tell.
-            add(
-                tok,
-                "import",
-                f"names the module {tok.value}: {DANGEROUS_MODULES[_module(tok.value)]}",
-            )
-        elif tok.kind == "str" and (why := _spec_danger(tok.value)) and "data:" in why:
-            add(tok, "eval", f"a data: URL holds code as a string: {tok.value[:40]!r}")
-        elif tok.kind == "str" and tok.value in TELLTALE_STRINGS:
-            add(tok, "escape", f"the string {tok.value!r} names a way to run code")
-        elif tok.kind == "str" and not (prev.value == "+" and at(i - 2).kind == "str"):
-            built = _assembled(tokens, i)
+            self.add(tok, "import", f"names the module {tok.value}: {DANGEROUS_MODULES[module]}")
+        elif (why := _spec_danger(tok.value)) and "data:" in why:
+            self.add(tok, "eval", f"a data: URL holds code as a string: {tok.value[:40]!r}")
+        elif tok.value in TELLTALE_STRINGS:
+            self.add(tok, "escape", f"the string {tok.value!r} names a way to run code")
+        elif not (prev.value == "+" and at(i - 2).kind == "str"):
+            built = _assembled(self.tokens, i)
             if built and built[0] in ASSEMBLED:
-                add(tok, "computed-name", f"assembles the name {built[0]!r} from {built[1]} "
-                    "pieces")  # fmt: skip
-    return findings
+                self.add(tok, "computed-name", f"assembles the name {built[0]!r} from "
+                         f"{built[1]} pieces")  # fmt: skip
 
 
 def analyze(code: str, *, depth: int = 0) -> list[Finding]:
@@ -400,5 +393,5 @@ def analyze(code: str, *, depth: int = 0) -> list[Finding]:
         tokens = Tokenizer(code).run()
     except JSSyntaxError as exc:
         return [Finding("unparseable", f"JavaScript that does not parse ({exc})", exc.line)]
-    findings = _scan(tokens, depth)
+    findings = _Scan(tokens, depth).run()
     return sorted(set(findings), key=lambda f: (f.line or 0, f.construct, f.detail))

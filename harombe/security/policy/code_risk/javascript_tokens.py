@@ -193,10 +193,14 @@ class Tokenizer:
         self.tokens.append(Token("regex", "", line))
 
     def name(self) -> str:
+        """An identifier, its ``\\u`` escapes undone. Any other backslash outside a string is
+        a syntax error: raised, as the scan would otherwise stand on it for ever."""
         out = []
         while self.i < len(self.src):
             ch = self.src[self.i]
-            if ch == "\\" and self.src.startswith("\\u", self.i):
+            if ch == "\\" and not self.src.startswith("\\u", self.i):
+                raise self.error("a backslash outside a string that does not start a \\u escape")
+            if ch == "\\":
                 self.i += 1
                 out.append(self.escape())
             elif ch.isalnum() or ch in "_$" or ord(ch) > 127:

@@ -1,10 +1,11 @@
 """Paths in Python code: deletes outside the workspace, writes to kernel, device and system
-files, and scripts written from fixed text (analyzed in their own language). Mixed into the
-Python analyzer, which provides name resolution (``qualname``) and ``report``."""
+files, and scripts written from fixed text (analyzed in their own language). Used by the
+Python analyzer, which hands it its name resolution and the way to report a finding."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 from harombe.security.policy.code_risk import analyze_code, language_for_path, normalize_path
 from harombe.security.policy.code_risk.python_names import (
@@ -14,6 +15,7 @@ from harombe.security.policy.code_risk.python_names import (
     PATH_DELETERS,
     PATH_WRITERS,
 )
+from harombe.security.policy.code_risk.python_resolve import NameResolver, argument, const_str
 
 #: Device and kernel files a write to which is never data processing.
 _SAFE_DEVICES = ("/dev/null", "/dev/zero", "/dev/stdout", "/dev/stderr", "/dev/tty", "/dev/shm/")
@@ -25,17 +27,18 @@ _WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_APPEND", "O_CREAT", "O_TRUNC"}
 
 
 class PathChecks:
-    """Checks on calls that touch literal paths; the analyzer supplies the attributes below."""
+    """Checks on calls that touch literal paths, for one analysis: ``names`` resolves what a
+    call's function is, ``report(node, construct, detail)`` records a finding, and ``depth``
+    is how deep in scripts written by scripts the analysis is."""
 
-    depth: int
-    #: Names bound by ``with open(<literal path>, …) as f``: the path each writes to.
-    file_paths: dict[str, str]
-
-    def qualname(self, node: ast.AST) -> str | None:
-        raise NotImplementedError
-
-    def report(self, node: ast.AST, construct: str, detail: str) -> None:
-        raise NotImplementedError
+    def __init__(
+        self, names: NameResolver, report: Callable[[ast.AST, str, str], None], depth: int
+    ) -> None:
+        self.names = names
+        self.report = report
+        self.depth = depth
+        #: Names bound by ``with open(<literal path>, …) as f``: the path each writes to.
+        self.file_paths: dict[str, str] = {}
 
     def opened_path(self, node: ast.AST) -> str | None:
         """The literal path a file object was opened on: ``open("x.sh", "w")``,
@@ -44,15 +47,15 @@ class PathChecks:
             return self.file_paths.get(node.id)
         if not isinstance(node, ast.Call):
             return None
-        if (isinstance(node.func, ast.Name) and node.func.id == "open") or self.qualname(
+        if (isinstance(node.func, ast.Name) and node.func.id == "open") or self.names.qualname(
             node.func
         ) in ("io.open", "codecs.open"):
             return const_str(argument(node, 0, "file"))
         if isinstance(node.func, ast.Attribute) and node.func.attr == "open":
-            return self._literal_path(node.func.value)
+            return self.literal_path(node.func.value)
         return None
 
-    def _check_written_script(self, node: ast.Call) -> None:
+    def check_written_script(self, node: ast.Call) -> None:
         """A script written from fixed text (``open("x.sh", "w").write("…")``,
         ``Path("m.py").write_text("…")``) is analyzed in its language: running or importing it
         later runs exactly that text."""
@@ -65,29 +68,33 @@ class PathChecks:
             return
         target = node.func.value
         writes_text = node.func.attr == "write_text"
-        path = self._literal_path(target) if writes_text else self.opened_path(target)
+        path = self.literal_path(target) if writes_text else self.opened_path(target)
         language = language_for_path(path, content) if path else None
         if path and language:
             for f in analyze_code(language, content, depth=self.depth + 1):
                 self.report(node, f.construct, f"in the script written to {path}: {f.detail}")
 
-    def _literal_path(self, node: ast.AST | None) -> str | None:
+    def literal_path(self, node: ast.AST | None) -> str | None:
         """A path written as a literal: ``'/etc/x'`` or ``Path('/etc/x')``."""
         if (text := const_str(node)) is not None:
             return text
-        if isinstance(node, ast.Call) and node.args and self.qualname(node.func) in PATH_CLASSES:
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and self.names.qualname(node.func) in PATH_CLASSES
+        ):
             return const_str(node.args[0])
         return None
 
-    def _check_paths(self, node: ast.Call, func: str | None) -> None:
+    def check_paths(self, node: ast.Call, func: str | None) -> None:
         """Deletes outside the workspace, writes to kernel, device and system files, whether
         by function (``os.remove``, ``open``, ``os.open``) or by a path object's method."""
         if func in MOVERS:
-            path = self._literal_path(argument(node, 0, "src"))
+            path = self.literal_path(argument(node, 0, "src"))
             if path is not None and is_system_path(path) and path.startswith(_SYSTEM_DIRS):
                 self.report(node, "delete", f"{func}() moves {path!r} away")
         if func in DELETERS:
-            path = self._literal_path(argument(node, 0, "path"))
+            path = self.literal_path(argument(node, 0, "path"))
             if path is not None and is_system_path(path):
                 self.report(node, "delete", f"{func}() deletes {path!r}")
         writing, path = False, None
@@ -107,7 +114,7 @@ class PathChecks:
                 for n in ast.walk(flags)
             )
         elif isinstance(node.func, ast.Attribute):
-            path = self._literal_path(node.func.value)
+            path = self.literal_path(node.func.value)
             method = node.func.attr
             if path is not None and method in PATH_DELETERS and is_system_path(path):
                 self.report(node, "delete", f"Path.{method}() deletes {path!r}")
@@ -123,24 +130,14 @@ class PathChecks:
             self.report(node, "system-write", f"writes to the system file {path}")
 
 
-def const_str(node: ast.AST | None) -> str | None:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value
-    return None
-
-
-def argument(node: ast.Call, index: int, keyword: str) -> ast.AST | None:
-    """The call's argument at ``index``, or passed as ``keyword=``."""
-    if len(node.args) > index and not any(isinstance(a, ast.Starred) for a in node.args[:index]):
-        return node.args[index]
-    return next((kw.value for kw in node.keywords if kw.arg == keyword), None)
-
-
 def writes(mode: str) -> bool:
+    """Whether ``open()`` with ``mode`` writes."""
     return any(flag in mode for flag in "wax+")
 
 
 def is_system_path(path: str) -> bool:
+    """``path`` is the root, the home or a parent directory, or outside ``/workspace`` and
+    ``/tmp``."""
     stripped = normalize_path(path).rstrip("/") or "/"
     if stripped in ("/", "~", ".", "..") or stripped.startswith(("~/", "../")):
         return True

@@ -11,38 +11,33 @@ from __future__ import annotations
 
 import re
 
-from harombe.security.policy.code_risk import (
-    Finding,
-    analyze_code,
-    language_for_path,
-    normalize_path,
+from harombe.security.policy.code_risk import Finding, analyze_code, language_for_path
+from harombe.security.policy.code_risk.shell_inline import (
+    command_strings,
+    interpreter_language,
+    locate_code,
+    native_loads,
 )
 from harombe.security.policy.code_risk.shell_programs import (
     BRACE,
-    COMMAND_STRING_OPTIONS,
     DELETERS,
     DISK_TOOLS,
     DOWNLOADERS,
     EXTRACTORS,
     FETCH_WORDS,
-    NODES,
-    OPAQUE_INTERPRETERS,
-    PRELOAD_VARIABLES,
-    PYTHON_VALUE_OPTIONS,
-    PYTHONS,
     REMOTE_COPIERS,
-    SAFE_DEVICES,
-    SHELL_VALUE_OPTIONS,
-    SHELLS,
     SOCKET_EXEC,
     STANDARD_BINS,
     STDIN_FILES,
-    SYSTEM_DIRS,
-    TAR_COMMAND_OPTIONS,
+    base_name,
     download_targets,
     expand_braces,
+    is_device,
+    is_system_file,
+    is_system_path,
     literal_output,
     prog,
+    rm_options,
     sed_executes,
     sed_scripts,
     unwrap,
@@ -50,29 +45,6 @@ from harombe.security.policy.code_risk.shell_programs import (
     xargs_placeholder,
 )
 from harombe.security.policy.code_risk.shell_syntax import Command, ShellSyntaxError, Word, parse
-
-
-def _is_system_path(text: str) -> bool:
-    path = normalize_path(text).rstrip("/") or "/"
-    if path in ("/", "/*", "~", "~/*", ".", "./*", "..", "*") or path.startswith(("~/", "../")):
-        return True
-    return path.startswith("/") and not path.startswith(("/workspace/", "/tmp/"))
-
-
-def _is_device(text: str) -> bool:
-    text = normalize_path(text)
-    return text.startswith(("/dev/", "/proc/sys", "/proc/sysrq", "/sys/")) and not text.startswith(
-        SAFE_DEVICES
-    )
-
-
-def _base(text: str) -> str:
-    return text.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _is_system_file(text: str) -> bool:
-    text = normalize_path(text)
-    return any(text == d or text.startswith(d + "/") for d in SYSTEM_DIRS)
 
 
 class _Analysis:
@@ -120,12 +92,12 @@ class _Analysis:
         return self.findings
 
     def is_downloaded(self, text: str) -> bool:
-        return bool(text) and _base(text) in self.downloaded
+        return bool(text) and base_name(text) in self.downloaded
 
     def runs_local_file(self, word: Word, how: str, language: str | None = "shell") -> None:
         """``word`` names a file being run: downloaded by this script, it is CRITICAL; written
         by this script with fixed text, that text is analyzed as ``language``."""
-        base = _base(word.text)
+        base = base_name(word.text)
         if base in self.written and base not in self.written_analyzed and language:
             self.written_analyzed.add(base)
             content = self.written[base]
@@ -137,20 +109,28 @@ class _Analysis:
             self.add(word, "download-exec", f"{how} {word.text} after this code fetched files")
 
     def command(self, cmd: Command) -> None:
+        """Judge one simple command: its substitutions, redirects and wrapped command strings,
+        then the program it runs (:meth:`program`)."""
         for word in [*cmd.words, *(target for _, target in cmd.redirects)]:
             for body in word.substitutions:
                 self.nested(word, "shell", body, "in a command substitution")
         for op, target in cmd.redirects:
-            if op not in ("<", "<<<", "<&") and _is_device(target.text):
+            if op not in ("<", "<<<", "<&") and is_device(target.text):
                 self.add(target, "device-write", f"redirects output into {target.text}")
-            elif op in (">", ">|", "&>", ">>", "&>>") and _is_system_file(target.text):
+            elif op in (">", ">|", "&>", ">>", "&>>") and is_system_file(target.text):
                 self.add(target, "system-write", f"overwrites the system file {target.text}")
         if any(BRACE.match(w.text) for w in cmd.words if not w.dynamic):
             cmd = Command(expand_braces(cmd.words), cmd.redirects, cmd.heredoc, cmd.piped_in,
                           cmd.upstream)  # fmt: skip
-        self.command_strings(cmd.words)
+        for wrapped in command_strings(cmd.words):
+            if wrapped.dynamic_from is not None:
+                self.add(wrapped.anchor, "dynamic-script", f"{wrapped.dynamic_from} runs a "
+                         "command computed at run time")  # fmt: skip
+            else:
+                self.nested(wrapped.anchor, "shell", wrapped.text, wrapped.context)
         words = unwrap(cmd.words)
-        self.native_loads(cmd.words, words)
+        for word, construct, detail in native_loads(cmd.words, words):
+            self.add(word, construct, detail)
         self.note_fetch_output(cmd, words)
         self.note_written(cmd, words)
         if not words:
@@ -161,10 +141,14 @@ class _Analysis:
             # x -rf / after ln -s /bin/rm x is rm -rf /.
             replaced = [Word(t, head.line) for t in meant] + args
             self.command(Command(replaced, cmd.redirects, cmd.heredoc, cmd.piped_in, cmd.upstream))
-            return
-        if head.dynamic:
+        elif head.dynamic:
             self.add(head, "dynamic-command", "runs a command whose name is computed at run time")
-            return
+        else:
+            self.program(cmd, head, args)
+
+    def program(self, cmd: Command, head: Word, args: list[Word]) -> None:
+        """The program ``head`` names, run with ``args``: what it destroys, defines, copies or
+        downloads, and any code it is an interpreter for."""
         name = prog(head)
         texts = [a.text for a in args]
         if "/" in head.text:
@@ -173,42 +157,57 @@ class _Analysis:
             self.add(head, "download-exec", f"runs {head.text}, which this code downloaded")
         if name in DELETERS and via_xargs(cmd.words):
             self.add(head, "bulk-delete", f"xargs {name} deletes every path it is fed")
+        if not self.destroys(head, name, args, texts):
+            self.runs_or_renames(head, name, args, texts)
+        if name in DOWNLOADERS:
+            self.note_download(name, texts)
+        elif name in REMOTE_COPIERS and (name != "rsync" or any(":" in t for t in texts)):
+            self.fetched_unknown |= name != "git" or bool({"clone", "pull", "fetch"} & set(texts))
+        elif name in EXTRACTORS and (
+            any(self.is_downloaded(t) for t in texts)
+            or any((s := unwrap(up.words)) and prog(s[0]) in DOWNLOADERS for up in cmd.upstream)
+        ):
+            self.fetched_unknown = True  # what it unpacks came from the network
+        self.interpreter(cmd, head, name, args)
+
+    def destroys(self, head: Word, name: str, args: list[Word], texts: list[str]) -> bool:
+        """Programs that delete, wipe, truncate or overwrite: True when ``name`` is one (its
+        findings added, if any)."""
         if name == "rm":
             self.rm(head, texts)
         elif name == "find":
             self.find(head, args)
         elif name == "dd":
             for t in texts:
-                if t.startswith("of=") and (_is_device(t[3:]) or _is_system_file(t[3:])):
+                if t.startswith("of=") and (is_device(t[3:]) or is_system_file(t[3:])):
                     self.add(head, "device-write", f"dd writes to {t[3:]}")
         elif name in DISK_TOOLS or name.startswith(("mkfs.", "mkfs")):
             self.add(head, "disk", f"{name} formats or wipes storage")
         elif name == "truncate":
             for t in texts:
-                if _is_device(t) or _is_system_file(t) or _is_system_path(t):
+                if is_device(t) or is_system_file(t) or is_system_path(t):
                     self.add(head, "truncate", f"truncate empties {t}")
         elif name in ("chmod", "chown", "chgrp") and any(
             t in ("-R", "--recursive") or (t.startswith("-") and "R" in t) for t in texts
         ):
             targets = [t for t in texts if not t.startswith("-")][1:]
-            if any(_is_system_path(t) for t in targets):
+            if any(is_system_path(t) for t in targets):
                 self.add(head, "chmod-system", f"{name} -R changes {' '.join(targets)}")
         elif name == "tee":
             for t in texts:
-                if _is_device(t):
+                if is_device(t):
                     self.add(head, "device-write", f"tee writes to {t}")
-                elif _is_system_file(t):
+                elif is_system_file(t):
                     self.add(head, "system-write", f"tee overwrites the system file {t}")
-        elif name in ("alias", "trap") and args:
-            # alias NAME='code' and trap 'code' SIGNAL define code that runs later.
-            for arg in args[:1] if name == "trap" else args:
-                body = arg.text.partition("=")[2] if name == "alias" else arg.text
-                if arg.dynamic:
-                    self.add(arg, "dynamic-script", f"{name} defines code computed at run time")
-                elif body:
-                    self.nested(arg, "shell", body, f"in code defined by {name}")
-                    if name == "alias" and (alias := arg.text.partition("=")[0]):
-                        self.renamed[alias] = body.split()
+        else:
+            return False
+        return True
+
+    def runs_or_renames(self, head: Word, name: str, args: list[Word], texts: list[str]) -> None:
+        """Programs that define code for later (``alias``, ``trap``), run code or connect a
+        socket to a program, or copy a program under another name."""
+        if name in ("alias", "trap") and args:
+            self.defines(name, args)
         elif name in SOCKET_EXEC and any(
             t in SOCKET_EXEC[name] or t.split("=", 1)[0] in SOCKET_EXEC[name] for t in texts
         ):
@@ -232,20 +231,21 @@ class _Analysis:
         elif name in ("mv", "cp", "ln", "install", "rsync") and len(texts) >= 2:
             operands = [t for t in texts if not t.startswith("-")]
             if any(self.is_downloaded(t) for t in operands[:-1]):
-                self.downloaded.add(_base(operands[-1]))
+                self.downloaded.add(base_name(operands[-1]))
             if len(operands) == 2 and operands[0].startswith(STANDARD_BINS):
                 # A program copied or linked under another name is still that program.
-                self.renamed[_base(operands[1])] = [_base(operands[0])]
-        if name in DOWNLOADERS:
-            self.note_download(name, texts)
-        elif name in REMOTE_COPIERS and (name != "rsync" or any(":" in t for t in texts)):
-            self.fetched_unknown |= name != "git" or bool({"clone", "pull", "fetch"} & set(texts))
-        elif name in EXTRACTORS and (
-            any(self.is_downloaded(t) for t in texts)
-            or any((s := unwrap(up.words)) and prog(s[0]) in DOWNLOADERS for up in cmd.upstream)
-        ):
-            self.fetched_unknown = True  # what it unpacks came from the network
-        self.interpreter(cmd, head, name, args)
+                self.renamed[base_name(operands[1])] = [base_name(operands[0])]
+
+    def defines(self, name: str, args: list[Word]) -> None:
+        """``alias NAME='code'`` and ``trap 'code' SIGNAL`` define code that runs later."""
+        for arg in args[:1] if name == "trap" else args:
+            body = arg.text.partition("=")[2] if name == "alias" else arg.text
+            if arg.dynamic:
+                self.add(arg, "dynamic-script", f"{name} defines code computed at run time")
+            elif body:
+                self.nested(arg, "shell", body, f"in code defined by {name}")
+                if name == "alias" and (alias := arg.text.partition("=")[0]):
+                    self.renamed[alias] = body.split()
 
     def note_fetch_output(self, cmd: Command, words: list[Word]) -> None:
         """Files a pipeline with a downloader in it writes (``curl … > f``, ``| tee f``)."""
@@ -254,9 +254,11 @@ class _Analysis:
             return
         for op, target in cmd.redirects:
             if op in (">", ">>", ">|", "&>", "&>>") and not target.dynamic:
-                self.downloaded.add(_base(target.text))
+                self.downloaded.add(base_name(target.text))
         if words and prog(words[0]) == "tee":
-            self.downloaded.update(_base(w.text) for w in words[1:] if not w.text.startswith("-"))
+            self.downloaded.update(
+                base_name(w.text) for w in words[1:] if not w.text.startswith("-")
+            )
 
     def note_written(self, cmd: Command, words: list[Word]) -> None:
         """Scripts written from fixed text (a here-document into ``cat``/``tee``, ``echo`` or
@@ -277,7 +279,7 @@ class _Analysis:
         if name == "tee":
             targets += [w for w in words[1:] if not w.text.startswith("-")]
         for target in targets:
-            base = _base(target.text)
+            base = base_name(target.text)
             self.written[base] = (
                 self.written.get(base, "") + content
                 if any(op == ">>" for op, _ in cmd.redirects)
@@ -289,28 +291,13 @@ class _Analysis:
                 self.nested(target, language, content, f"in the script written to {target.text}")
 
     def rm(self, head: Word, texts: list[str]) -> None:
-        recursive = force = False
-        targets = []
-        options_done = False
-        for t in texts:
-            if not options_done and t == "--":
-                options_done = True
-            elif not options_done and t.startswith("--"):
-                # GNU accepts any unambiguous prefix: --rec, --recur, --f, --forc.
-                option = t.split("=", 1)[0]
-                recursive |= len(option) >= 3 and "--recursive".startswith(option)
-                force |= len(option) >= 3 and "--force".startswith(option)
-                if "--no-preserve-root".startswith(option) and len(option) >= 5:
-                    self.add(head, "rm-rf", "rm --no-preserve-root may delete /")
-            elif not options_done and t.startswith("-") and len(t) > 1:
-                recursive |= "r" in t or "R" in t
-                force |= "f" in t
-            else:
-                targets.append(t)
-        if recursive and force:
-            self.add(head, "rm-rf", f"rm -rf {' '.join(targets)}".rstrip())
-        elif recursive and any(_is_system_path(t) for t in targets):
-            self.add(head, "rm-rf", f"rm -r {' '.join(targets)}")
+        options = rm_options(texts)
+        if options.no_preserve_root:
+            self.add(head, "rm-rf", "rm --no-preserve-root may delete /")
+        if options.recursive and options.force:
+            self.add(head, "rm-rf", f"rm -rf {' '.join(options.targets)}".rstrip())
+        elif options.recursive and any(is_system_path(t) for t in options.targets):
+            self.add(head, "rm-rf", f"rm -r {' '.join(options.targets)}")
 
     def find(self, head: Word, args: list[Word]) -> None:
         texts = [a.text for a in args]
@@ -335,77 +322,39 @@ class _Analysis:
         self.downloaded |= download_targets(name, texts)
 
     def interpreter(self, cmd: Command, head: Word, name: str, args: list[Word]) -> None:
-        language: str | None
-        inline_flags: tuple[str, ...]
-        if name in SHELLS:
-            language, inline_flags = "shell", ("c",)
-        elif PYTHONS.match(name):
-            language, inline_flags = "python", ("c",)
-        elif name in NODES:
-            language, inline_flags = "javascript", ("e", "p", "-eval", "-print")
-        elif name in OPAQUE_INTERPRETERS:
-            language, inline_flags = None, OPAQUE_INTERPRETERS[name]
-        elif name == "deno" and args and args[0].text == "eval":
-            if len(args) > 1:
+        """Code handed to interpreter ``name``: inline, as a script file, or on its standard
+        input (:func:`~.shell_inline.locate_code` finds which)."""
+        spec = interpreter_language(name)
+        if spec is None:
+            if name == "deno" and len(args) > 1 and args[0].text == "eval":
                 self.inline(head, name, "javascript", args[-1])
             return
-        else:
-            return
-        script: Word | None = None
-        i = 0
-        while i < len(args):
-            arg = args[i]
-            text = arg.text
-            flags = text[1:] if text.startswith("-") and len(text) > 1 else ""
-            option, eq, attached = flags.partition("=")
-            if eq and option in inline_flags:  # node --eval=CODE
-                self.inline(head, name, language, Word(attached, arg.line, arg.dynamic))
-                return
-            if language == "python" and flags and not flags.startswith("-") and "c" in flags:
-                code_at = flags.index("c") + 1
-                if code_at < len(flags):  # python3 -cCODE: the rest of the word is the code
-                    self.inline(head, name, language, Word(flags[code_at:], arg.line,
-                                                             arg.dynamic))  # fmt: skip
-                    return
-            is_inline = flags in inline_flags or (
-                bool(flags) and not flags.startswith("-") and bool(inline_flags)
-                and (
-                    set(flags) <= {"p", "e", "i"} if language == "javascript"
-                    else inline_flags[0] in flags
-                )
-            )  # fmt: skip
-            if (language == "python" and text in PYTHON_VALUE_OPTIONS) or (
-                language == "shell" and text in SHELL_VALUE_OPTIONS
-            ):
-                i += 2
-                continue
-            if is_inline:
-                code = args[i + 1] if i + 1 < len(args) else None
-                if code is None:
-                    return
-                placeholder = self.placeholder or xargs_placeholder(cmd.words)
-                if placeholder and placeholder in code.text:
-                    self.add(code, "dynamic-script", f"{name} runs code with {placeholder} "
-                             "replaced by input it is fed")  # fmt: skip
-                self.inline(head, name, language, code)
-                return
-            if flags in ("m",):
-                return  # python -m module: runs an installed module, not code from here
-            if name in ("awk", "gawk", "mawk"):
-                for other in args:  # the program is any operand (-v x=1, -F: take values)
-                    if not other.text.startswith("-"):
-                        self.awk(head, other.text)
-                return
-            if not flags:
-                script = arg
-                break
-            i += 1
-        if script is not None and script.text not in ("-", "/dev/stdin"):
+        language, inline_flags = spec
+        found = locate_code(name, language, inline_flags, args)
+        if found.how == "inline":
+            self.inline(head, name, language, found.words[0])
+        elif found.how == "fed-inline":
+            code = found.words[0]
+            placeholder = self.placeholder or xargs_placeholder(cmd.words)
+            if placeholder and placeholder in code.text:
+                self.add(code, "dynamic-script", f"{name} runs code with {placeholder} "
+                         "replaced by input it is fed")  # fmt: skip
+            self.inline(head, name, language, code)
+        elif found.how == "awk":
+            for program in found.words:
+                self.awk(head, program.text)
+        elif found.how == "script" and found.words[0].text not in ("-", "/dev/stdin"):
+            script = found.words[0]
             if script.dynamic:
                 self.add(script, "dynamic-script", f"{name} runs a script computed at run time")
             else:
                 self.runs_local_file(script, f"{name} runs", language)
-            return
+        elif found.how in ("script", "stdin"):
+            self.stdin_code(cmd, head, name, language)
+
+    def stdin_code(self, cmd: Command, head: Word, name: str, language: str | None) -> None:
+        """Code an interpreter reads from standard input: a downloaded file, a here-document,
+        a here-string, or a pipeline's output."""
         for op, target in cmd.redirects:
             if op == "<" and self.is_downloaded(target.text):
                 self.add(target, "download-exec", f"{name} runs {target.text}, which this code "
@@ -432,74 +381,6 @@ class _Analysis:
             self.add(code, "opaque-code", f"inline {name} code is not analyzed")
         else:
             self.nested(code, language, code.text, f"in {name} inline code")
-
-    def command_strings(self, words: list[Word]) -> None:
-        """Wrappers given a whole command line as one value (``su -c 'cmd'``,
-        ``env -S 'cmd'``, ``watch 'cmd'``): the value is shell code, analyzed as such."""
-        stripped = unwrap(words)
-        prefix = words[: len(words) - len(stripped)] if stripped else words
-        for i, word in enumerate(prefix):
-            name = prog(word)
-            if word.dynamic:
-                continue
-            if name == "parallel" and any(w.text == ":::" for w in words[i + 1 :]):
-                # parallel ::: 'cmd1' 'cmd2' runs each argument as a command line.
-                start = next(j for j in range(i + 1, len(words)) if words[j].text == ":::")
-                for arg in words[start + 1 :]:
-                    if arg.text not in (":::", "::::"):
-                        self.nested(arg, "shell", arg.text, "in a command parallel runs")
-                continue
-            if name == "watch":
-                rest = [w for w in words[i + 1 :] if not w.text.startswith("-")]
-                if rest and rest[0].text.isdigit() and i + 1 < len(words) and \
-                        words[i + 1].text in ("-n", "--interval"):  # fmt: skip
-                    rest = rest[1:]
-                if rest:
-                    self.nested(word, "shell", " ".join(w.text for w in rest), "in watch")
-                continue
-            short, long = COMMAND_STRING_OPTIONS.get(name, ("", ""))
-            if not short:
-                continue
-            for j in range(i + 1, len(words)):
-                text = words[j].text
-                value: Word | None = None
-                if long and text.startswith(long + "="):
-                    value = Word(text[len(long) + 1 :], words[j].line, words[j].dynamic)
-                elif text == long or (
-                    text.startswith("-") and not text.startswith("--") and short in text
-                ):
-                    after = text[text.index(short) + 1 :] if text != long else ""
-                    if after:
-                        value = Word(after, words[j].line, words[j].dynamic)
-                    elif j + 1 < len(words):
-                        value = words[j + 1]
-                if value is not None:
-                    if value.dynamic:
-                        self.add(value, "dynamic-script", f"{name} runs a command computed at "
-                                 "run time")  # fmt: skip
-                    else:
-                        self.nested(value, "shell", value.text, f"in the command {name} runs")
-                    break
-
-    def native_loads(self, all_words: list[Word], words: list[Word]) -> None:
-        """Native code loaded into programs (``LD_PRELOAD=x.so``, ``enable -f x.so``) and
-        archivers told to run commands (``tar --to-command``)."""
-        prefix = all_words[: len(all_words) - len(words)] if words else all_words
-        exporting = bool(words) and prog(words[0]) in ("export", "declare", "typeset",
-                                                        "readonly", "env")  # fmt: skip
-        for word in [*prefix, *(words[1:] if exporting else [])]:
-            if word.text.startswith(PRELOAD_VARIABLES):
-                variable = word.text.split("=", 1)[0]
-                self.add(word, "native", f"{variable} loads a native library into programs")
-        if not words:
-            return
-        name, texts = prog(words[0]), [w.text for w in words[1:]]
-        if name == "enable" and any(t.startswith("-") and "f" in t for t in texts):
-            self.add(words[0], "native", "enable -f loads a native library as a builtin")
-        elif name in ("tar", "bsdtar", "gtar") and any(
-            t.startswith(TAR_COMMAND_OPTIONS) or t in ("-I", "-F") for t in texts
-        ):
-            self.add(words[0], "archive-exec", f"{name} is told to run a command")
 
     def sed(self, head: Word, args: list[Word]) -> None:
         """GNU sed runs commands: the ``e`` command and the ``e`` flag of ``s``."""

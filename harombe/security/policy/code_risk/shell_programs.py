@@ -5,7 +5,9 @@ small pure helpers only; :mod:`.shell` judges commands with them."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
+from harombe.security.policy.code_risk import normalize_path
 from harombe.security.policy.code_risk.shell_syntax import Command, Word
 
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "rbash"}
@@ -251,3 +253,58 @@ def literal_output(stages: list[Command]) -> str | None:
     if prog(words[0]) == "cat" and len(words) == 1 and stages[0].heredoc is not None:
         return stages[0].heredoc
     return None
+
+
+def is_system_path(text: str) -> bool:
+    """``text`` names (or globs) the root, the home or a parent directory, or anything outside
+    ``/workspace`` and ``/tmp``."""
+    path = normalize_path(text).rstrip("/") or "/"
+    if path in ("/", "/*", "~", "~/*", ".", "./*", "..", "*") or path.startswith(("~/", "../")):
+        return True
+    return path.startswith("/") and not path.startswith(("/workspace/", "/tmp/"))
+
+
+def is_device(text: str) -> bool:
+    """``text`` is a device or kernel file that is not harmless to write (``/dev/null`` is)."""
+    text = normalize_path(text)
+    return text.startswith(("/dev/", "/proc/sys", "/proc/sysrq", "/sys/")) and not text.startswith(
+        SAFE_DEVICES
+    )
+
+
+def is_system_file(text: str) -> bool:
+    """``text`` is in (or is) one of the system directories."""
+    text = normalize_path(text)
+    return any(text == d or text.startswith(d + "/") for d in SYSTEM_DIRS)
+
+
+@dataclass(frozen=True)
+class RmOptions:
+    """What an ``rm`` command line asks for."""
+
+    recursive: bool
+    force: bool
+    no_preserve_root: bool
+    targets: list[str]
+
+
+def rm_options(texts: list[str]) -> RmOptions:
+    """``rm``'s options in every spelling: bundles (``-rf``, ``-fR``), GNU long options by any
+    unambiguous prefix (``--rec``, ``--forc``), and operands after ``--``."""
+    recursive = force = no_preserve_root = False
+    targets = []
+    options_done = False
+    for t in texts:
+        if not options_done and t == "--":
+            options_done = True
+        elif not options_done and t.startswith("--"):
+            option = t.split("=", 1)[0]
+            recursive |= len(option) >= 3 and "--recursive".startswith(option)
+            force |= len(option) >= 3 and "--force".startswith(option)
+            no_preserve_root |= "--no-preserve-root".startswith(option) and len(option) >= 5
+        elif not options_done and t.startswith("-") and len(t) > 1:
+            recursive |= "r" in t or "R" in t
+            force |= "f" in t
+        else:
+            targets.append(t)
+    return RmOptions(recursive, force, no_preserve_root, targets)
