@@ -102,7 +102,7 @@ async def _gate_demo(sandbox_manager: Any) -> int:
 
 async def doctor() -> int:
     """Check Docker, the runsc runtime and the sandbox image; say what to fix."""
-    from harombe.config import load_config
+    from harombe.config import LANGUAGES, load_config
     from harombe.errors import HarombeError
     from harombe.security.runtime.docker import DockerManager
 
@@ -115,7 +115,7 @@ async def doctor() -> int:
         if config.runtime not in runtimes:
             print(f"runtime {config.runtime}: MISSING (run scripts/setup.sh)")
             return 1
-        for language in ("python", "javascript", "shell"):
+        for language in LANGUAGES:
             image = config.image_for(language)
             await manager.image_id(image)
             print(f"image for {language}: {image} ok")

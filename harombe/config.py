@@ -17,14 +17,28 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harombe.errors import ConfigError
 
 Language = Literal["python", "javascript", "shell"]
 LANGUAGES: tuple[Language, ...] = ("python", "javascript", "shell")
+# The program each language's code runs under inside the sandbox image.
+INTERPRETERS: dict[Language, str] = {"python": "python3", "javascript": "node", "shell": "bash"}
+Registry = Literal["pypi", "npm"]
+REGISTRIES: tuple[Registry, ...] = ("pypi", "npm")
+#: The language whose interpreter installs and imports each registry's packages.
+REGISTRY_LANGUAGES: dict[Registry, Language] = {"pypi": "python", "npm": "javascript"}
 DEFAULT_IMAGE = "harombe/sandbox:latest"
 ENV_PREFIX = "HAROMBE__"
 CONFIG_PATH_ENV = "HAROMBE_CONFIG"
@@ -66,17 +80,48 @@ class Limits(_Strict):
         return self
 
 
-def _empty_registries() -> dict[Literal["pypi", "npm"], list[str]]:
-    return {"pypi": [], "npm": []}
+def _empty_registries() -> dict[Registry, list[str]]:
+    return {registry: [] for registry in REGISTRIES}
+
+
+#: The longest registry URL accepted, and how many a registry may list: they travel in one
+#: environment variable, which Linux caps at 128 KiB.
+MAX_REGISTRY_URL_CHARS = 2048
+MAX_REGISTRY_URLS = 16
+
+
+def _registry_url(registry: str, url: object) -> str:
+    """``url`` if it is a plain http(s) URL pip / npm can be given as one argument."""
+    text = url if isinstance(url, str) else ""
+    if len(text) > MAX_REGISTRY_URL_CHARS:
+        raise ValueError(
+            f"allowed_registries.{registry} holds a URL of {len(text)} characters, over "
+            f"{MAX_REGISTRY_URL_CHARS}; give the index's plain URL"
+        )
+    # pip reads several extra index URLs from one space-separated variable: no spaces inside.
+    plain = text.isprintable() and not any(c.isspace() for c in text)
+    try:
+        parts = urlsplit(text) if plain else None
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(
+            f"allowed_registries.{registry} holds {str(url)[:80]!r}, which is not an http(s) "
+            "URL; write the index's full URL, e.g. https://mirror.example/simple"
+        )
+    return text
 
 
 class NetworkConfig(_Strict):
+    """Network of sandboxes that ask for it, and where the host downloads packages from."""
+
+    # The network a code_execute call that does not pass network_enabled gets.
     enabled_by_default: bool = False
-    # Empty lists mean "whatever this machine's pip / npm configuration points at", read at run
-    # time; registry host names are never written into configuration shipped with harombe.
-    allowed_registries: dict[Literal["pypi", "npm"], list[str]] = Field(
-        default_factory=_empty_registries
-    )
+    # Where installs download from. pypi: the first URL is pip's index, the others extra
+    # indexes; npm: the one registry. Empty lists mean "whatever this machine's pip / npm
+    # configuration points at", read at run time; registry host names are never written into
+    # configuration shipped with harombe.
+    allowed_registries: dict[Registry, list[str]] = Field(default_factory=_empty_registries)
     # The runtime of network-enabled sandboxes: runsc registered with --network=host, which
     # uses the container's own namespace (an --internal network with no route out).
     runtime: str = "runsc-net"
@@ -85,6 +130,27 @@ class NetworkConfig(_Strict):
     # PEM files of extra CA certificates that network-enabled sandboxes trust besides the
     # image's own (TLS inspection in company networks); read on the host at start.
     extra_ca_certificates: list[str] = Field(default_factory=list)
+
+    @field_validator("allowed_registries")
+    @classmethod
+    def _registry_urls(cls, value: dict[Registry, list[str]]) -> dict[Registry, list[str]]:
+        if len(value.get("npm", [])) > 1:
+            raise ValueError(
+                f"allowed_registries.npm lists {len(value['npm'])} URLs, but npm takes one "
+                "registry; keep one (scoped registries belong in the machine's .npmrc)"
+            )
+        for registry, urls in value.items():
+            if len(urls) > MAX_REGISTRY_URLS:
+                raise ValueError(
+                    f"allowed_registries.{registry} lists {len(urls)} URLs, over "
+                    f"{MAX_REGISTRY_URLS}; keep the indexes pip should really search"
+                )
+        checked = {reg: [_registry_url(reg, url) for url in urls] for reg, urls in value.items()}
+        return {**_empty_registries(), **checked}
+
+    def registry_urls(self, registry: Registry) -> tuple[str, ...]:
+        """The configured URLs of ``registry``; empty means the machine's own pip / npm setup."""
+        return tuple(self.allowed_registries.get(registry, ()))
 
 
 class PoolConfig(_Strict):
@@ -111,6 +177,7 @@ class SandboxConfig(_Strict):
     runtime: str = "runsc"
     # Opting out of gVisor must be explicit; results then say which runtime ran the code.
     allow_insecure_runtime: bool = False
+    # uid:gid that user code runs as; never root, which is the supervisor's (see _user).
     user: str = "1000:1000"
     # Python and JavaScript keep variables, imports and functions between calls on a sandbox
     # (one live interpreter); False, or code_execute(fresh=True), runs a new process instead.
@@ -119,6 +186,24 @@ class SandboxConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     languages: dict[Language, LanguageConfig] = Field(default_factory=_default_languages)
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str) -> str:
+        uid, sep, gid = value.partition(":")
+        if not (sep and uid.isdecimal() and gid.isdecimal() and uid.isascii() and gid.isascii()):
+            raise ValueError(
+                f"user must be numeric 'uid:gid' like '1000:1000', got {value[:40]!r}; the "
+                "sandbox image has no user database to look names up in"
+            )
+        if max(int(uid), int(gid)) >= 2**31 - 1:
+            raise ValueError(f"user {value[:40]!r} is out of range; ids are below 2147483647")
+        if int(uid) == 0 or int(gid) == 0:
+            raise ValueError(
+                f"user {value!r} is root: user code would share the supervisor's uid and could "
+                "signal it; use an unprivileged 'uid:gid' such as '1000:1000'"
+            )
+        return f"{int(uid)}:{int(gid)}"
 
     def image_for(self, language: Language) -> str:
         """The image configured for ``language`` (the default image if the entry is missing)."""

@@ -9,12 +9,14 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
     HarombeError
      ├── ConfigError                   bad YAML, unknown key, bad value, bad environment override
      ├── UsageError                    misuse of the API: manager not started, unknown language
-     │    └── InvalidArgumentError     a tool argument of the wrong type, size or form
+     │    ├── InvalidArgumentError     a tool argument of the wrong type, size or form
+     │    └── FileError                a file operation failed in the sandbox: missing, not a dir
      ├── InfrastructureError           the machine is not ready or broke underneath us
      │    ├── DockerUnavailableError   daemon unreachable, or a Docker call failed
      │    ├── RuntimeNotAvailableError runsc (or the chosen runtime) is not registered with Docker
      │    ├── InsecureRuntimeError     a non-gVisor runtime was chosen without opting in
      │    ├── ImageNotFoundError       the sandbox image is not present locally
+     │    ├── BuildError               the sandbox image could not be built
      │    ├── SandboxStartError        the container started but its supervisor never answered
      │    ├── SandboxLostError         the sandbox died (killed, out of memory, supervisor gone)
      │    ├── LimitNotAppliedError     a limit could not be set on a running sandbox's cgroup
@@ -50,6 +52,10 @@ class InvalidArgumentError(UsageError, ValueError):
     """A tool argument cannot be read unambiguously; the message names it and the fix."""
 
 
+class FileError(UsageError):
+    """A file operation inside the sandbox failed: no such file, not a directory, too large…"""
+
+
 class InfrastructureError(HarombeError):
     """Docker, gVisor or a sandbox is not in a usable state."""
 
@@ -68,6 +74,10 @@ class InsecureRuntimeError(InfrastructureError):
 
 class ImageNotFoundError(InfrastructureError):
     """A sandbox image is not present in the local Docker image store."""
+
+
+class BuildError(InfrastructureError):
+    """The sandbox image could not be built (Docker build failed or the result is unusable)."""
 
 
 class SandboxStartError(InfrastructureError):

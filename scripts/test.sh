@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run every check: bring the machine up (no demo), then lint, type-check and all tests.
 #   scripts/test.sh              everything (the README's test command; CI runs this)
-#   scripts/test.sh --unit       lint, types and the tests that need no Docker (seconds)
+#   scripts/test.sh --unit       lint, types and tests/unit, which need no Docker (seconds)
 # Further arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +20,6 @@ echo "==> mypy"
 "$VENV/bin/mypy"
 echo "==> pytest"
 if [ "$UNIT" -eq 1 ]; then
-  exec "$VENV/bin/pytest" -q -m "not integration" "$@"
+  exec "$VENV/bin/pytest" -q -m "not integration" "${@:-tests/unit}"
 fi
 exec "$VENV/bin/pytest" -q "$@"

@@ -18,6 +18,8 @@ Every call goes through the same three steps, in this order:
    ``ApprovalDeniedError`` naming the denial, the risk and the reasons;
 3. the manager acts on exactly the values the gate saw. Every result carries the decision
    under ``approval``.
+
+What each tool does between those steps is its plan, in :mod:`harombe.tools.plans`.
 """
 
 from __future__ import annotations
@@ -25,35 +27,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import inspect
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import structlog
 
-from harombe.errors import HarombeError, InvalidArgumentError, UsageError
+from harombe.errors import HarombeError, UsageError
 from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
-from harombe.security.policy.netpolicy import Allowlist
-from harombe.security.policy.paths import exact_str, is_a, preview
+from harombe.security.policy.paths import exact_str, is_a
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
 from harombe.security.runtime.streaming import OutputChunk, iterate
-from harombe.tools.params import (
-    TOOL_ARGS,
-    CodeExecuteArgs,
-    DestroySandboxArgs,
-    InstallPackageArgs,
-    ListFilesArgs,
-    ReadFileArgs,
-    WriteFileArgs,
-    parse_args,
-)
+from harombe.tools import plans
+from harombe.tools.params import TOOL_ARGS, parse_args
+from harombe.tools.plans import Plan
 
 log = structlog.get_logger(__name__)
 
+P = ParamSpec("P")
+R = TypeVar("R")
+#: Makes a tool's :class:`Plan` from the manager, the gate and the validated arguments.
+Planner = Callable[[SandboxManager, HITLGate | None, Any], Plan]
+
 #: Raw argument values longer than this are not echoed into a failed call's result.
 ECHO_MAX_CHARS = 256
+#: Arguments a failed call's result repeats (when they are short text).
+_ECHOED = ("sandbox_id", "file_path", "path", "package", "registry")
 
 
 def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
@@ -67,15 +68,22 @@ def _echo(value: object) -> object:
     return None
 
 
-@dataclass
-class Plan:
-    """A validated call: what the gate is shown, what the result echoes, and the action."""
+def _parameters_of(
+    source: Callable[Concatenate[Any, P], object], *, without: str
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Any, P], R]]:
+    """Give the decorated method ``source``'s parameters, less ``without``: one definition
+    for callers, ``inspect.signature`` (and so tool schemas) and type checkers. (Type checkers
+    see ``without`` too; at run time passing it is a ``TypeError``.)"""
+    signature = inspect.signature(source)
+    kept = [p for p in signature.parameters.values() if p.name != without]
 
-    params: dict[str, Any]
-    fields: dict[str, Any]
-    run: Callable[[ApprovalDecision | None], Awaitable[dict[str, Any]]]
-    log_params: dict[str, Any] | None = None
-    warnings: list[str] = field(default_factory=list)
+    def give(method: Callable[..., R]) -> Callable[Concatenate[Any, P], R]:
+        returns = inspect.signature(method).return_annotation
+        shared = signature.replace(parameters=kept, return_annotation=returns)
+        method.__signature__ = shared  # type: ignore[attr-defined]
+        return method
+
+    return give
 
 
 class CodeExecutionTools:
@@ -96,19 +104,22 @@ class CodeExecutionTools:
         except RuntimeError:
             self._loop = None
 
-    async def _call(
-        self, tool: str, raw: dict[str, Any], plan: Callable[[Any], Plan]
-    ) -> dict[str, Any]:
+    async def _call(self, tool: str, raw: dict[str, Any], plan: Planner) -> dict[str, Any]:
+        """Validate ``raw``, plan, ask the gate, run: the three steps of the module docstring."""
         started = time.perf_counter()
         decision = None
         language: object = None
         try:
             self._check_loop()
+            manager = self.sandbox_manager
             args = parse_args(
-                TOOL_ARGS[tool], raw, max_bytes=self.sandbox_manager.limits.max_file_bytes
+                TOOL_ARGS[tool],
+                raw,
+                max_bytes=manager.limits.max_file_bytes,
+                network_default=manager.config.security.sandbox.network.enabled_by_default,
             )
             language = getattr(args, "language", None)
-            planned = plan(args)
+            planned = plan(manager, self.hitl_gate, args)
         except HarombeError as err:
             # Nothing was asked, created or touched: the arguments are refused as given.
             result = _failure(err, **{k: _echo(v) for k, v in raw.items() if k in _ECHOED})
@@ -125,8 +136,6 @@ class CodeExecutionTools:
             result = await planned.run(decision)
         except HarombeError as err:
             result = _failure(err, **planned.fields)
-        if planned.warnings and "warnings" in result:
-            result["warnings"] = planned.warnings + list(result["warnings"])
         lost = result.get("replaced_sandbox_id")
         if lost and self.hitl_gate is not None:
             # A lost sandbox's "approve for this sandbox" grants die with it; the replacement
@@ -184,7 +193,7 @@ class CodeExecutionTools:
         code: str,
         sandbox_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the usage guide's parameter name
-        network_enabled: bool = False,
+        network_enabled: bool | None = None,
         allowed_domains: Sequence[str] | None = None,
         *,
         fresh: bool = False,
@@ -195,8 +204,10 @@ class CodeExecutionTools:
         Parameters are :class:`~harombe.tools.params.CodeExecuteArgs`. Python and JavaScript
         keep state between calls on one sandbox (``result`` is the repr of a final bare
         expression); ``fresh=True`` runs this call in a new process instead. ``timeout`` may
-        exceed ``max_execution_time`` up to ``max_timeout_s``. On an existing sandbox, the
-        gate is shown the network that sandbox really has.
+        exceed ``max_execution_time`` up to ``max_timeout_s``. ``network_enabled`` left out
+        (``None``) is the config's ``network.enabled_by_default`` for a new sandbox. On an
+        existing sandbox, the gate is shown the network that sandbox really has.
+        ``on_output(stream, data)`` receives output as it is printed.
         """
         raw = {
             "language": language,
@@ -207,86 +218,27 @@ class CodeExecutionTools:
             "allowed_domains": allowed_domains,
             "fresh": fresh,
         }
-        return await self._call("code_execute", raw, lambda a: self._plan_execute(a, on_output))
 
-    def _plan_execute(self, args: CodeExecuteArgs, on_output: OutputCallback | None) -> Plan:
-        if on_output is not None and not callable(on_output):
-            raise InvalidArgumentError("on_output must be a callable taking an output chunk")
-        manager = self.sandbox_manager
-        timeout_s, warnings = manager.effective_timeout(args.timeout)
-        network, domains = args.network_enabled, tuple(args.allowed_domains)
-        if args.sandbox_id is not None:
-            box = manager.get(args.sandbox_id)
-            _require(box, INTERPRETERS[args.language], args.language)
-            _check_network_matches(args, box.sandbox_id, box.network_enabled, box.allowed_domains)
-            # The sandbox's own network decides the risk, whatever this call repeats.
-            network, domains = box.network_enabled, tuple(box.allowed_domains)
-        params = {
-            "language": args.language,
-            "code": args.code,
-            "sandbox_id": args.sandbox_id,
-            "timeout": timeout_s,
-            "timeout_default_s": float(manager.limits.max_execution_time),
-            "network_enabled": network,
-            "allowed_domains": list(domains),
-            "fresh": args.fresh,
-        }
+        def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Plan:
+            return plans.execute(manager, gate, args, on_output)
 
-        async def run(decision: ApprovalDecision | None) -> dict[str, Any]:
-            sid = args.sandbox_id
-            if sid is None:
-                box = await manager.create_sandbox(
-                    args.language, network_enabled=network, allowed_domains=list(domains)
-                )
-                sid = box.sandbox_id
-                if decision is not None and self.hitl_gate is not None:
-                    # "Approve for this sandbox" given before the sandbox existed applies to it.
-                    self.hitl_gate.remember(decision, sid)
-            try:
-                result = await manager.execute(
-                    sid,
-                    args.code,
-                    language=args.language,
-                    timeout_s=timeout_s,
-                    on_output=on_output,
-                    fresh=True if args.fresh else None,
-                )
-            except BaseException:
-                if args.sandbox_id is None:
-                    # A sandbox this call created and cannot return (the error result has no
-                    # id) would live on unseen until stop(): remove it now.
-                    await _discard(manager, sid)
-                raise
-            return result.to_dict()
+        return await self._call("code_execute", raw, plan)
 
-        return Plan(params, {"sandbox_id": args.sandbox_id}, run, warnings=warnings)
+    @_parameters_of(code_execute, without="on_output")
+    def code_execute_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+        """``code_execute`` as a stream, with its parameters but ``on_output``: ``{"type":
+        "stdout"|"stderr", "text": ...}`` items as the code prints, then ``{"type": "result",
+        **result}``. Breaking out cancels the run. A wrong call raises ``TypeError`` when it is
+        made, as ``code_execute``'s does."""
+        # The parameters are code_execute's (one definition); checked now, not at iteration.
+        _STREAM_SIGNATURE.bind(self, *args, **kwargs)
+        return self._stream(args, kwargs)
 
-    async def code_execute_stream(
-        self,
-        language: str,
-        code: str,
-        sandbox_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the usage guide's parameter name
-        network_enabled: bool = False,
-        allowed_domains: Sequence[str] | None = None,
-        *,
-        fresh: bool = False,
+    async def _stream(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> AsyncIterator[dict[str, Any]]:
-        """``code_execute`` as a stream, with the same parameters: ``{"type": "stdout"|
-        "stderr", "text": ...}`` items as the code prints, then ``{"type": "result",
-        **result}``. Breaking out cancels the run."""
-
         def start(on_output: OutputCallback) -> Awaitable[dict[str, Any]]:
-            return self.code_execute(
-                language,
-                code,
-                sandbox_id,
-                timeout,
-                network_enabled,
-                allowed_domains,
-                fresh=fresh,
-                on_output=on_output,
-            )
+            return self.code_execute(*args, **kwargs, on_output=on_output)
 
         # aclosing: leaving this generator must cancel the run now, not when the inner
         # generator is garbage-collected.
@@ -303,34 +255,8 @@ class CodeExecutionTools:
         """Install ``package`` from ``registry`` (pypi or npm) into the sandbox.
 
         Parameters are :class:`~harombe.tools.params.InstallPackageArgs`."""
-
-        def plan(args: InstallPackageArgs) -> Plan:
-            box = self.sandbox_manager.get(args.sandbox_id)
-            _require(box, "python3" if args.registry == "pypi" else "node", args.registry)
-            fields = {"sandbox_id": args.sandbox_id, "package": args.package,
-                      "registry": args.registry}  # fmt: skip
-
-            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
-                result = await self.sandbox_manager.install_package(
-                    args.sandbox_id, args.package, args.registry
-                )
-                out = {
-                    "success": result.success,
-                    **fields,
-                    "sandbox_id": result.sandbox_id,
-                    "stdout": result.stdout,
-                    "stderr": result.stderr,
-                    "error": result.error,
-                    "warnings": result.warnings,
-                }
-                if result.replaced_sandbox_id:
-                    out["replaced_sandbox_id"] = result.replaced_sandbox_id
-                return out
-
-            return Plan(dict(fields), fields, run)
-
         raw = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
-        return await self._call("code_install_package", raw, plan)
+        return await self._call("code_install_package", raw, plans.install_package)
 
     async def code_write_file(
         self, sandbox_id: str, file_path: str, content: str
@@ -339,152 +265,30 @@ class CodeExecutionTools:
 
         Parameters are :class:`~harombe.tools.params.WriteFileArgs`; ``file_path`` in the
         result is the normalised path that was written."""
-
-        def plan(args: WriteFileArgs) -> Plan:
-            self.sandbox_manager.get(args.sandbox_id)
-            fields = {"sandbox_id": args.sandbox_id, "file_path": args.file_path}
-
-            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
-                written = await self.sandbox_manager.write_file(
-                    args.sandbox_id, args.file_path, args.content
-                )
-                return {"success": True, **fields, "written_bytes": written, "error": None}
-
-            params = {**fields, "content": args.content}
-            return Plan(params, fields, run, {**fields, "content_chars": len(args.content)})
-
         raw = {"sandbox_id": sandbox_id, "file_path": file_path, "content": content}
-        return await self._call("code_write_file", raw, plan)
+        return await self._call("code_write_file", raw, plans.write_file)
 
     async def code_read_file(self, sandbox_id: str, file_path: str) -> dict[str, Any]:
         """The UTF-8 text of ``/workspace/<file_path>``.
 
         Parameters are :class:`~harombe.tools.params.ReadFileArgs`."""
-
-        def plan(args: ReadFileArgs) -> Plan:
-            self.sandbox_manager.get(args.sandbox_id)
-            fields = {"sandbox_id": args.sandbox_id, "file_path": args.file_path}
-
-            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
-                data = await self.sandbox_manager.read_file(args.sandbox_id, args.file_path)
-                try:
-                    content = data.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    return {
-                        "success": False,
-                        **fields,
-                        "content": None,
-                        "read_bytes": len(data),
-                        "error": f"UnicodeDecodeError: {args.file_path} is not UTF-8 text "
-                        f"({exc.reason} at byte {exc.start}); read binary data by encoding it "
-                        "in code_execute",
-                    }
-                return {
-                    "success": True,
-                    **fields,
-                    "content": content,
-                    "read_bytes": len(data),
-                    "error": None,
-                }
-
-            return Plan(dict(fields), fields, run)
-
         raw = {"sandbox_id": sandbox_id, "file_path": file_path}
-        return await self._call("code_read_file", raw, plan)
+        return await self._call("code_read_file", raw, plans.read_file)
 
     async def code_list_files(self, sandbox_id: str, path: str = ".") -> dict[str, Any]:
         """Names in a workspace directory (``files``) and their details (``entries``).
 
         Parameters are :class:`~harombe.tools.params.ListFilesArgs`."""
-
-        def plan(args: ListFilesArgs) -> Plan:
-            self.sandbox_manager.get(args.sandbox_id)
-            fields = {"sandbox_id": args.sandbox_id, "path": args.path}
-
-            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
-                listing = await self.sandbox_manager.list_directory(args.sandbox_id, args.path)
-                entries = listing.entries
-                warnings = []
-                if listing.truncated:
-                    warnings.append(
-                        f"the directory holds {listing.total} entries; only the first "
-                        f"{len(entries)} by name are listed"
-                    )
-                return {
-                    "success": True,
-                    **fields,
-                    "files": [e["name"] for e in entries],
-                    "entries": entries,
-                    "total": listing.total,
-                    "truncated": listing.truncated,
-                    "warnings": warnings,
-                    "error": None,
-                }
-
-            return Plan(dict(fields), fields, run)
-
-        return await self._call("code_list_files", {"sandbox_id": sandbox_id, "path": path}, plan)
+        raw = {"sandbox_id": sandbox_id, "path": path}
+        return await self._call("code_list_files", raw, plans.list_files)
 
     async def code_destroy_sandbox(self, sandbox_id: str) -> dict[str, Any]:
         """Destroy the sandbox and everything in it.
 
         Parameters are :class:`~harombe.tools.params.DestroySandboxArgs`."""
-
-        def plan(args: DestroySandboxArgs) -> Plan:
-            self.sandbox_manager.get(args.sandbox_id)
-            fields = {"sandbox_id": args.sandbox_id}
-
-            async def run(_: ApprovalDecision | None) -> dict[str, Any]:
-                await self.sandbox_manager.destroy_sandbox(args.sandbox_id)
-                if self.hitl_gate is not None:
-                    self.hitl_gate.forget_sandbox(args.sandbox_id)
-                return {"success": True, **fields, "error": None}
-
-            return Plan(dict(fields), fields, run)
-
-        return await self._call("code_destroy_sandbox", {"sandbox_id": sandbox_id}, plan)
+        raw = {"sandbox_id": sandbox_id}
+        return await self._call("code_destroy_sandbox", raw, plans.destroy_sandbox)
 
 
-async def _discard(manager: SandboxManager, sandbox_id: str) -> None:
-    """Destroy ``sandbox_id``, even while the calling task is being cancelled; never raises."""
-    task = asyncio.ensure_future(manager.destroy_sandbox(sandbox_id))
-    try:
-        await asyncio.shield(task)
-    except BaseException as exc:  # noqa: BLE001 - cleanup of an already failing call
-        error = f"{type(exc).__name__}: {preview(str(exc))}"
-        log.warning("tool.discard_failed", sandbox_id=sandbox_id, error=error)
-
-
-#: The program each language needs in the sandbox's image.
-INTERPRETERS = {"python": "python3", "javascript": "node", "shell": "bash"}
-
-
-def _require(box: Any, interpreter: str, what: str) -> None:
-    """Refuse, before anyone is asked, a call the sandbox's image cannot run."""
-    if not box.has(interpreter):
-        raise UsageError(
-            f"{what} needs {interpreter}, which sandbox {box.sandbox_id}'s image {box.image} "
-            f"lacks; leave out sandbox_id to create a sandbox with an image for it"
-        )
-
-
-#: Arguments a failed call's result repeats (when they are short text).
-_ECHOED = ("sandbox_id", "file_path", "path", "package", "registry")
-
-
-def _check_network_matches(
-    args: CodeExecuteArgs, sandbox_id: str, has_network: bool, domains: Sequence[str]
-) -> None:
-    """A call on an existing sandbox may repeat its network settings, never change them."""
-    if args.network_enabled and not has_network:
-        raise InvalidArgumentError(
-            f"network_enabled=True, but sandbox {sandbox_id} was created without network and "
-            "a sandbox keeps the network it was created with; leave out sandbox_id to create "
-            "a sandbox with network, or drop network_enabled"
-        )
-    if args.allowed_domains and Allowlist.parse(args.allowed_domains) != Allowlist.parse(domains):
-        raise InvalidArgumentError(
-            f"allowed_domains {preview(args.allowed_domains)} differ from sandbox {sandbox_id}'s "
-            f"{preview(list(domains))}; allowed_domains are set when a sandbox is created, so "
-            "repeat the same list or leave it out"
-        )
+#: code_execute_stream's parameters: code_execute's but on_output.
+_STREAM_SIGNATURE = inspect.signature(CodeExecutionTools.code_execute_stream)

@@ -15,6 +15,7 @@ import re
 import subprocess
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -72,20 +73,32 @@ NAMES = {
     "other.test": ["127.0.0.1"],
     "inward.test": ["10.1.2.3", "127.0.0.1", "::ffff:192.168.0.1", "64:ff9b::a00:1"],
 }
+ALLOWED = ["allowed.test", "inward.test", "*.wild.test"]
 
 
-async def resolver(host: str, port: int) -> list[str]:
-    if host not in NAMES:
-        raise OSError("lookup of that name at resolver 10.9.8.7 failed")
-    return NAMES[host]
+def proxy_for(port: int, domains: list[str], names: dict[str, list[str]],
+              calls: list[str] | None = None, **kwargs: Any) -> EgressProxy:  # fmt: skip
+    """A proxy for :data:`SANDBOX` allowing ``domains`` on ``port``, 80 and 443, resolving by
+    ``names`` (every lookup recorded in ``calls``; an unknown name fails with a message that
+    names a resolver address), with 1 s header and idle timeouts unless ``kwargs`` say else."""
+    allowlist = Allowlist.parse(domains, ports=[port, 80, 443])
+    seen = calls if calls is not None else []
 
+    async def resolve(host: str, port: int) -> list[str]:
+        seen.append(host)
+        if host not in names:
+            raise OSError("lookup of that name at resolver 10.9.8.7 failed")
+        return names[host]
 
-def make_proxy(origin: Origin, **kwargs: object) -> EgressProxy:
-    allowlist = Allowlist.parse(["allowed.test", "inward.test"], ports=[origin.port, 80, 443])
-    options: dict[str, object] = {"resolver": resolver, "allow_private": True,
-                                  "header_timeout_s": 1.0, "idle_timeout_s": 1.0}  # fmt: skip
+    options: dict[str, Any] = {"resolver": resolve, "allow_private": True,
+                               "header_timeout_s": 1.0, "idle_timeout_s": 1.0}  # fmt: skip
     options.update(kwargs)
-    return EgressProxy(lambda client: (SANDBOX, allowlist), **options)  # type: ignore[arg-type]
+    return EgressProxy(lambda client: (SANDBOX, allowlist), **options)
+
+
+def make_proxy(origin: Origin, calls: list[str] | None = None, **kwargs: Any) -> EgressProxy:
+    """:func:`proxy_for` the origin's port, :data:`ALLOWED` and :data:`NAMES`."""
+    return proxy_for(origin.port, ALLOWED, NAMES, calls, **kwargs)
 
 
 async def exchange(proxy: EgressProxy, request: bytes) -> bytes:
@@ -103,7 +116,8 @@ async def exchange(proxy: EgressProxy, request: bytes) -> bytes:
 
 
 def o(request: str, origin: Origin) -> bytes:
-    return request.replace("PORT", str(origin.port)).encode("latin-1")
+    """``request`` with ``PORT`` set to the origin's port, as UTF-8 (non-ASCII spellings too)."""
+    return request.replace("PORT", str(origin.port)).encode("utf-8")
 
 
 # --- fronting and request parsing: refused before anything reaches the origin --------------
@@ -139,7 +153,6 @@ MALFORMED = [
      "Transfer-Encoding: chunked\r\n\r\n", 400),
     ("te-http10", "POST http://allowed.test:PORT/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
      501),
-    ("https-absolute", "GET https://allowed.test:PORT/ HTTP/1.1\r\n\r\n", 400),
     ("origin-form", "GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n", 400),
     ("http2-preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 505),
     ("http09", "GET http://allowed.test:PORT/\r\n\r\n", 400),
@@ -154,15 +167,42 @@ MALFORMED = [
      431),
     ("head-too-large", "GET http://allowed.test:PORT/ HTTP/1.1\r\nX: " + "a" * 40000 + "\r\n\r\n",
      431),
-    ("percent-host", "GET http://allowed%2etest:PORT/ HTTP/1.1\r\n\r\n", 403),
+    ("https-absolute", "GET https://allowed.test:PORT/ HTTP/1.1\r\n\r\n", 400),
+    ("scheme-ftp", "GET ftp://allowed.test/ HTTP/1.1\r\n\r\n", 400),
+    ("scheme-relative", "GET //allowed.test/ HTTP/1.1\r\n\r\n", 400),
+    ("asterisk-target", "OPTIONS * HTTP/1.1\r\nHost: allowed.test\r\n\r\n", 400),
+    ("port-plus", "CONNECT allowed.test:+443 HTTP/1.1\r\n\r\n", 400),
+    ("port-not-allowed", "CONNECT allowed.test:22 HTTP/1.1\r\n\r\n", 403),
+    # Names outside the allowlist in any spelling: suffix tricks, percent, brackets, IP forms,
+    # non-ASCII. None may widen the allowlist.
+    ("suffix-trick", "CONNECT allowed.test.other.test:PORT HTTP/1.1\r\n\r\n", 403),
+    ("allowed-as-label", "GET http://allowed.test.evil.test/ HTTP/1.1\r\n\r\n", 403),
+    ("allowed-as-prefix", "CONNECT wild.test.evil.test:443 HTTP/1.1\r\n\r\n", 403),
+    ("suffix-without-dot", "CONNECT evilwild.test:443 HTTP/1.1\r\n\r\n", 403),
+    ("pattern-apex", "CONNECT wild.test:443 HTTP/1.1\r\n\r\n", 403),
+    ("dash-suffix", "CONNECT evil-wild.test:443 HTTP/1.1\r\n\r\n", 403),
+    ("truncated-name", "CONNECT allowed.tes:443 HTTP/1.1\r\n\r\n", 403),
+    ("trailing-dot-other", "CONNECT other.test.:PORT HTTP/1.1\r\n\r\n", 403),
+    ("underscore-bypass", "CONNECT allowed_test:PORT HTTP/1.1\r\n\r\n", 403),
+    ("localhost", "GET http://localhost/ HTTP/1.1\r\n\r\n", 403),
+    ("percent-dot", "GET http://allowed%2Etest:PORT/ HTTP/1.1\r\n\r\n", 403),
+    ("percent-nul", "CONNECT allowed.test%00.evil.test:443 HTTP/1.1\r\n\r\n", 403),
+    ("bracketed-name", "CONNECT [allowed.test]:443 HTTP/1.1\r\n\r\n", 400),
+    ("bracketed-hex-name", "CONNECT [add.bed]:443 HTTP/1.1\r\n\r\n", 403),
+    ("backslash-host", "GET http://allowed.test\\.evil.test/ HTTP/1.1\r\n\r\n", 400),
+    ("non-ascii-host", "GET http://allowed.t\xe9st/ HTTP/1.1\r\n\r\n", 400),
+    ("fullwidth-dot", "GET http://allowed\uff0etest/ HTTP/1.1\r\n\r\n", 400),
     ("ip-literal", "GET http://127.0.0.1:PORT/ HTTP/1.1\r\n\r\n", 403),
+    ("ip-trailing-dot", "GET http://127.0.0.1./ HTTP/1.1\r\n\r\n", 403),
     ("integer-ip", "GET http://2130706433:PORT/ HTTP/1.1\r\n\r\n", 403),
     ("short-ip", "CONNECT 127.1:PORT HTTP/1.1\r\n\r\n", 403),
     ("hex-ip", "CONNECT 0x7f.0.0.1:PORT HTTP/1.1\r\n\r\n", 403),
+    ("octal-ip", "GET http://0177.0.0.1/ HTTP/1.1\r\n\r\n", 403),
+    ("zero-ip", "CONNECT 0:443 HTTP/1.1\r\n\r\n", 403),
     ("ipv6-literal", "CONNECT [::1]:PORT HTTP/1.1\r\n\r\n", 403),
-    ("suffix-trick", "CONNECT allowed.test.other.test:PORT HTTP/1.1\r\n\r\n", 403),
-    ("trailing-dot-other", "CONNECT other.test.:PORT HTTP/1.1\r\n\r\n", 403),
-    ("underscore-bypass", "CONNECT allowed_test:PORT HTTP/1.1\r\n\r\n", 403),
+    ("ipv6-mapped-literal", "GET http://[::ffff:127.0.0.1]:PORT/ HTTP/1.1\r\n\r\n", 403),
+    ("ipv6-full-mapped", "CONNECT [0:0:0:0:0:ffff:7f00:1]:443 HTTP/1.1\r\n\r\n", 403),
+    ("ipv6-zone", "GET http://[fe80::1%25lo]/ HTTP/1.1\r\n\r\n", 400),
 ]  # fmt: skip
 
 
@@ -171,10 +211,12 @@ MALFORMED = [
 async def test_malformed_or_fronting_requests_never_reach_the_origin(
     origin: Origin, request_text: str, status: int
 ) -> None:
-    """Ambiguous, fronting or forbidden requests are refused with a status and reach nothing."""
-    reply = await exchange(make_proxy(origin), o(request_text, origin))
+    """Ambiguous, fronting or forbidden requests, and names outside the allowlist in any
+    spelling, are refused with a status before any lookup, and reach nothing."""
+    calls: list[str] = []
+    reply = await exchange(make_proxy(origin, calls), o(request_text, origin))
     assert reply.startswith(f"HTTP/1.1 {status} ".encode()), reply[:200]
-    assert origin.received == []
+    assert calls == [] and origin.received == []
 
 
 # --- what reaches the origin is exactly one checked request -------------------------------
@@ -256,9 +298,7 @@ async def test_refusals_name_the_host_and_reason_but_no_address(
     """A refusal body names the requested host and the reason, never a resolved, resolver or
     gateway address (the audit log keeps the detail)."""
     host, _, port = target.replace("PORT", str(origin.port)).partition(":")
-    allowlist = Allowlist.parse([host], ports=[int(port)])
-    proxy = EgressProxy(lambda c: (SANDBOX, allowlist), resolver=resolver,
-                        allow_private=allow_private)  # fmt: skip
+    proxy = proxy_for(int(port), [host], NAMES, allow_private=allow_private)
     request_text = f"CONNECT {target} HTTP/1.1\r\n\r\n"
     with capture_events() as events:
         reply = await exchange(proxy, o(request_text, origin))
@@ -267,6 +307,7 @@ async def test_refusals_name_the_host_and_reason_but_no_address(
     assert b".test" in body and ADDRESS_RE.search(body) is None, body
     (event,) = [e for e in events if e["event"] == "egress.refused"]
     assert event.get("detail"), "the audit keeps what the client is not told"
+    assert proxy.connections == 0
 
 
 # --- DNS rebinding: one lookup, and the connection goes to the address that was checked ---
@@ -368,8 +409,7 @@ async def test_connections_past_the_cap_are_refused(origin: Origin) -> None:
 async def test_foreign_client_is_refused_before_reading(origin: Origin) -> None:
     """A peer that is not the proxy's own sandbox gets 403 and the audit names it, not the
     proxy's sandbox."""
-    proxy = EgressProxy(lambda client: None, identify=lambda client: "sandbox-intruder",
-                        resolver=resolver)  # fmt: skip
+    proxy = EgressProxy(lambda client: None, identify=lambda client: "sandbox-intruder")
     with capture_events() as events:
         reply = await exchange(proxy, o("CONNECT allowed.test:PORT HTTP/1.1\r\n\r\n", origin))
     assert reply.startswith(b"HTTP/1.1 403") and b"serves another sandbox" in reply

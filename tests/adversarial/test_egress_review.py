@@ -17,18 +17,19 @@ import math
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from harombe.errors import InfrastructureError
 from harombe.security.policy.netpolicy import Allowlist
-from harombe.security.runtime import egress
-from harombe.security.runtime.egress import ConnectionBudget, EgressProxy
+from harombe.security.runtime import egress, egress_resources
+from harombe.security.runtime.egress import EgressProxy
+from harombe.security.runtime.egress_resources import ConnectionBudget
 from harombe.testing import capture_events
 from harombe.tools.code_execution import CodeExecutionTools
-from tests.adversarial.test_egress import Origin, exchange, o
+from tests.adversarial import test_egress
+from tests.adversarial.test_egress import Origin, exchange, o, proxy_for
 from tests.integration.test_network import (  # noqa: F401 - fixtures used by name
     certs,
     index,
@@ -36,37 +37,8 @@ from tests.integration.test_network import (  # noqa: F401 - fixtures used by na
     origins,
 )
 
-SANDBOX = "sandbox-review0000000"
 WAIT_S = 15  # bound on any single wait in these probes
-
-
-@pytest.fixture
-async def origin() -> AsyncIterator[Origin]:
-    """A recording origin on 127.0.0.1 (see :class:`Origin`)."""
-    record = Origin()
-    server = await asyncio.start_server(record.serve, "127.0.0.1", 0)
-    record.port = int(server.sockets[0].getsockname()[1])
-    yield record
-    server.close()
-
-
-def proxy_for(origin: Origin, domains: list[str], names: dict[str, list[str]],
-              calls: list[str] | None = None, **kwargs: Any) -> EgressProxy:  # fmt: skip
-    """A proxy allowing ``domains`` on the origin's port, 80 and 443, resolving by ``names``
-    (every lookup recorded in ``calls``)."""
-    allowlist = Allowlist.parse(domains, ports=[origin.port, 80, 443])
-    seen = calls if calls is not None else []
-
-    async def resolve(host: str, port: int) -> list[str]:
-        seen.append(host)
-        if host not in names:
-            raise OSError("unknown name")
-        return names[host]
-
-    options: dict[str, Any] = {"resolver": resolve, "allow_private": True,
-                               "header_timeout_s": 1.0, "idle_timeout_s": 1.0}  # fmt: skip
-    options.update(kwargs)
-    return EgressProxy(lambda client: (SANDBOX, allowlist), **options)
+origin = test_egress.origin  # the recording-origin fixture, shared
 
 
 def printable_only(value: object) -> bool:
@@ -74,50 +46,8 @@ def printable_only(value: object) -> bool:
     return all(0x20 <= ord(c) < 0x7F for c in text)
 
 
-# --- names: spellings that must not widen the allowlist, and ones that must not break it ----
-
-NOT_ALLOWED = [
-    ("suffix-without-dot", "CONNECT evilwild.test:443 HTTP/1.1\r\n\r\n"),
-    ("pattern-apex", "CONNECT wild.test:443 HTTP/1.1\r\n\r\n"),
-    ("dash-suffix", "CONNECT evil-wild.test:443 HTTP/1.1\r\n\r\n"),
-    ("allowed-as-prefix", "CONNECT wild.test.evil.test:443 HTTP/1.1\r\n\r\n"),
-    ("allowed-as-label", "GET http://allowed.test.evil.test/ HTTP/1.1\r\n\r\n"),
-    ("truncated-name", "CONNECT allowed.tes:443 HTTP/1.1\r\n\r\n"),
-    ("percent-dot", "GET http://allowed%2Etest/ HTTP/1.1\r\n\r\n"),
-    ("percent-nul", "CONNECT allowed.test%00.evil.test:443 HTTP/1.1\r\n\r\n"),
-    ("bracketed-name", "CONNECT [allowed.test]:443 HTTP/1.1\r\n\r\n"),
-    ("bracketed-hex-name", "CONNECT [add.bed]:443 HTTP/1.1\r\n\r\n"),
-    ("ipv6-mapped-literal", "GET http://[::ffff:127.0.0.1]:PORT/ HTTP/1.1\r\n\r\n"),
-    ("ipv6-full-mapped", "CONNECT [0:0:0:0:0:ffff:7f00:1]:443 HTTP/1.1\r\n\r\n"),
-    ("ipv6-zone", "GET http://[fe80::1%25lo]/ HTTP/1.1\r\n\r\n"),
-    ("octal-ip", "GET http://0177.0.0.1/ HTTP/1.1\r\n\r\n"),
-    ("ip-trailing-dot", "GET http://127.0.0.1./ HTTP/1.1\r\n\r\n"),
-    ("zero-ip", "CONNECT 0:443 HTTP/1.1\r\n\r\n"),
-    ("localhost", "GET http://localhost/ HTTP/1.1\r\n\r\n"),
-    ("non-ascii-host", "GET http://allowed.t\xe9st/ HTTP/1.1\r\n\r\n"),
-    ("fullwidth-dot", "GET http://allowed\uff0etest/ HTTP/1.1\r\n\r\n"),
-    ("backslash-host", "GET http://allowed.test\\.evil.test/ HTTP/1.1\r\n\r\n"),
-    ("port-plus", "CONNECT allowed.test:+443 HTTP/1.1\r\n\r\n"),
-    ("port-not-allowed", "CONNECT allowed.test:22 HTTP/1.1\r\n\r\n"),
-    ("scheme-ftp", "GET ftp://allowed.test/ HTTP/1.1\r\n\r\n"),
-    ("scheme-relative", "GET //allowed.test/ HTTP/1.1\r\n\r\n"),
-    ("asterisk-target", "OPTIONS * HTTP/1.1\r\nHost: allowed.test\r\n\r\n"),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("request_text", [n[1] for n in NOT_ALLOWED],
-                         ids=[n[0] for n in NOT_ALLOWED])  # fmt: skip
-async def test_spellings_outside_the_allowlist_resolve_nothing(
-    origin: Origin, request_text: str
-) -> None:
-    """A name outside the allowlist in any spelling (suffix tricks, percent, brackets, IP
-    forms, non-ASCII) is refused before any lookup and reaches nothing."""
-    calls: list[str] = []
-    proxy = proxy_for(origin, ["allowed.test", "*.wild.test"], {}, calls)
-    reply = await exchange(proxy, request_text.replace("PORT", str(origin.port)).encode("utf-8"))
-    assert reply[:12] in (b"HTTP/1.1 400", b"HTTP/1.1 403"), reply[:200]
-    assert calls == [] and origin.received == []
-
+# --- names: spellings that must not break the allowlist (those that must not widen it are
+# refused in tests/adversarial/test_egress.py) ------------------------------------------------
 
 NORMALISED = [
     ("uppercase-scheme-and-host", "GET HTTP://ALLOWED.TEST:PORT/a HTTP/1.1\r\n\r\n"),
@@ -137,7 +67,7 @@ async def test_spellings_of_an_allowed_name_reach_only_that_name(
     origin's ``Host`` is that name, never the client's spelling."""
     calls: list[str] = []
     names = {"allowed.test": ["127.0.0.1"], "a.wild.test": ["127.0.0.1"]}
-    proxy = proxy_for(origin, ["allowed.test", "*.wild.test"], names, calls)
+    proxy = proxy_for(origin.port, ["allowed.test", "*.wild.test"], names, calls)
     reply = await exchange(proxy, o(request_text, origin))
     await asyncio.wait_for(origin.done.wait(), WAIT_S)
     assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
@@ -171,7 +101,7 @@ async def test_refusals_reflect_nothing_executable_and_audit_stays_one_line(
 ) -> None:
     """A refusal has a fixed set of headers, a plain-text printable body without markup, and
     every audit field it logs is printable ASCII (no line breaks or terminal escapes)."""
-    proxy = proxy_for(origin, ["allowed.test"], {"allowed.test": ["127.0.0.1"]})
+    proxy = proxy_for(origin.port, ["allowed.test"], {"allowed.test": ["127.0.0.1"]})
     with capture_events() as events:
         reply = await exchange(proxy, request_text.encode("latin-1"))
     head, _, body = reply.partition(b"\r\n\r\n")
@@ -189,7 +119,7 @@ async def test_refusals_reflect_nothing_executable_and_audit_stays_one_line(
 async def test_refusals_cannot_flood_the_log(origin: Origin) -> None:
     """Hundreds of refused requests a second give a bounded number of events, and a count of
     the rest: every refusal is accounted for, none is logged twice."""
-    proxy = proxy_for(origin, ["allowed.test"], {})
+    proxy = proxy_for(origin.port, ["allowed.test"], {})
     total = 300
     _, port = await proxy.start()
     started = time.monotonic()
@@ -243,7 +173,7 @@ async def test_names_resolving_inward_are_never_dialled(
         raise OSError("not dialled in this test")
 
     monkeypatch.setattr(egress, "_dial", dial)
-    proxy = proxy_for(origin, ["allowed.test"], {"allowed.test": answer}, allow_private=False)
+    proxy = proxy_for(origin.port, ["allowed.test"], {"allowed.test": answer}, allow_private=False)
     reply = await exchange(proxy, b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 403"), reply
     assert dialled == []
@@ -273,7 +203,7 @@ async def test_slow_names_hold_few_resolver_threads_and_starve_no_one(
                 blocked[0] -= 1
         return ["127.0.0.1"]
 
-    monkeypatch.setattr(egress, "_getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(egress_resources, "_getaddrinfo", getaddrinfo)
     slow_list = Allowlist.parse(["slow.test"])
     fast_list = Allowlist.parse(["fast.test"], ports=[origin.port])
     slow = EgressProxy(lambda c: ("sandbox-slow", slow_list), allow_private=True,
@@ -327,13 +257,7 @@ async def test_a_client_that_never_reads_cannot_make_the_proxy_buffer(form: str)
     bounded amount from the origin for it."""
     pushed = [0]
     server, port = await streaming_origin(pushed)
-    allowlist = Allowlist.parse(["stream.test"], ports=[port])
-
-    async def resolve(host: str, p: int) -> list[str]:
-        return ["127.0.0.1"]
-
-    proxy = EgressProxy(lambda c: (SANDBOX, allowlist), resolver=resolve, allow_private=True,
-                        idle_timeout_s=1.0)  # fmt: skip
+    proxy = proxy_for(port, ["stream.test"], {"stream.test": ["127.0.0.1"]})
     _, proxy_port = await proxy.start()
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", proxy_port, limit=1024)
@@ -375,13 +299,7 @@ async def test_an_origin_that_never_reads_an_upload_frees_the_connection() -> No
 
     server = await asyncio.start_server(deaf, "127.0.0.1", 0)
     port = int(server.sockets[0].getsockname()[1])
-    allowlist = Allowlist.parse(["deaf.test"], ports=[port])
-
-    async def resolve(host: str, p: int) -> list[str]:
-        return ["127.0.0.1"]
-
-    proxy = EgressProxy(lambda c: (SANDBOX, allowlist), resolver=resolve, allow_private=True,
-                        idle_timeout_s=1.0)  # fmt: skip
+    proxy = proxy_for(port, ["deaf.test"], {"deaf.test": ["127.0.0.1"]})
     _, proxy_port = await proxy.start()
     try:
         _, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
@@ -401,8 +319,7 @@ async def test_an_origin_that_never_reads_an_upload_frees_the_connection() -> No
         server.close()
 
 
-RESOLVER_FAILURES = [
-    ("os-error", OSError("lookup failed at 10.9.8.7")),
+RESOLVER_FAILURES = [  # an OSError naming an address: test_egress.py's LEAKS
     ("unicode-error", UnicodeError("label too long")),
     ("timeout-from-resolver", TimeoutError()),
 ]
@@ -419,7 +336,7 @@ async def test_a_failing_resolver_gives_a_refusal_not_a_crash(
     async def resolve(host: str, port: int) -> list[str]:
         raise failure
 
-    proxy = proxy_for(origin, ["allowed.test"], {}, resolver=resolve)
+    proxy = proxy_for(origin.port, ["allowed.test"], {}, resolver=resolve)
     reply = await exchange(proxy, b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n")
     assert reply[:10] == b"HTTP/1.1 5" and b"10.9.8.7" not in reply, reply
     assert proxy.connections == 0
@@ -430,8 +347,8 @@ async def test_every_path_returns_its_connection_budget(origin: Origin) -> None:
     the process-wide budget back; two proxies share it and neither leaks into it."""
     budget = ConnectionBudget(6)
     names = {"allowed.test": ["127.0.0.1"]}
-    first = proxy_for(origin, ["allowed.test"], names, budget=budget, max_connections=4)
-    second = proxy_for(origin, ["allowed.test"], names, budget=budget, max_connections=4)
+    first = proxy_for(origin.port, ["allowed.test"], names, budget=budget, max_connections=4)
+    second = proxy_for(origin.port, ["allowed.test"], names, budget=budget, max_connections=4)
     ports = [(await first.start())[1], (await second.start())[1]]
     requests = [o("GET http://allowed.test:PORT/ HTTP/1.1\r\n\r\n", origin),
                 b"CONNECT refused.test:443 HTTP/1.1\r\n\r\n", b"GARBAGE\r\n\r\n", b"",

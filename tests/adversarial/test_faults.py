@@ -25,7 +25,9 @@ import pytest
 from harombe.config import load_config, parse_config
 from harombe.errors import DockerUnavailableError, HarombeError
 from harombe.security.docker_manager import DockerManager
+from harombe.security.runtime.cgroups import CpuQuota
 from harombe.security.runtime.channel import Channel
+from harombe.security.runtime.launcher import Launcher
 from harombe.security.sandbox_manager import SandboxManager
 
 DOCKER_SOCKET = "/var/run/docker.sock"
@@ -393,8 +395,8 @@ STEPS: list[tuple[type, str]] = [
     (DockerManager, "attach"),
     (DockerManager, "start_container"),
     (Channel, "hello"),
-    (DockerManager, "limit_cpu"),
-    (SandboxManager, "_install_ca_bundle"),
+    (CpuQuota, "apply"),
+    (Launcher, "install_ca_bundle"),
 ]
 
 
@@ -413,7 +415,7 @@ def cancel_on_entry(
     monkeypatch.setattr(owner, name, step)
 
 
-NETWORK_STEPS = {"create_network", "network_bridge", "_install_ca_bundle"}
+NETWORK_STEPS = {"create_network", "network_bridge", "install_ca_bundle"}
 STEP_CASES = [(step, False) for step in STEPS if step[1] not in NETWORK_STEPS] + [
     (step, True) for step in STEPS
 ]

@@ -31,6 +31,7 @@ from harombe.security.runtime import packages
 from harombe.security.runtime.packages import fetch_runner
 from harombe.security.runtime.packages import npm as npm_fetch
 from harombe.security.runtime.packages import pypi as pypi_fetch
+from harombe.security.runtime.packages import wheels as wheel_data
 from harombe.security.runtime.packages.fetch_runner import FetchArea
 from harombe.security.runtime.sandbox import HOME
 from harombe.security.sandbox_manager import SandboxManager
@@ -255,7 +256,7 @@ def test_lying_wheels_are_refused(tmp_path: Path, members: dict[str, bytes]) -> 
     dest.mkdir()
     (dest / "evil-1.0-py3-none-any.whl").write_bytes(zip_of(members))
     with pytest.raises((PackageFetchError, PackageSpecError)):
-        pypi_fetch.collect_wheels(dest, "evil")
+        wheel_data.collect_wheels(dest, "evil")
 
 
 DEST_PLANTS: dict[str, Callable[[Path], object]] = {
@@ -276,7 +277,7 @@ def test_odd_entries_in_the_download_dir_are_refused(
     (tmp_path / "ok.bin").write_bytes(zip_of({"evil-1.0.dist-info/METADATA": META}))
     plant(dest)
     with pytest.raises(PackageFetchError):
-        pypi_fetch.collect_wheels(dest, "evil")
+        wheel_data.collect_wheels(dest, "evil")
 
 
 def test_a_central_directory_bomb_is_refused_unparsed(
@@ -284,14 +285,14 @@ def test_a_central_directory_bomb_is_refused_unparsed(
 ) -> None:
     """A wheel whose zip has more members than the cap is refused before its central
     directory is parsed (millions of entries would exhaust root's memory)."""
-    monkeypatch.setattr(pypi_fetch, "ZIP_MAX_MEMBERS", 100)
+    monkeypatch.setattr(wheel_data, "ZIP_MAX_MEMBERS", 100)
     dest = tmp_path / "wheels"
     dest.mkdir()
     members = {f"evil/{i}.py": b"" for i in range(500)}
     members["evil-1.0.dist-info/METADATA"] = META
     (dest / "evil-1.0-py3-none-any.whl").write_bytes(zip_of(members))
     with pytest.raises(PackageFetchError, match="over 100 members"):
-        pypi_fetch.collect_wheels(dest, "evil")
+        wheel_data.collect_wheels(dest, "evil")
 
 
 #: Bodies of a stand-in ``pip`` run under the guard, and what its output must show.
@@ -643,7 +644,8 @@ async def test_untar_never_follows_planted_links(
     sandbox = sandbox_manager.get(box)
     try:
         await asyncio.wait_for(
-            sandbox_manager._untar(sandbox, archive, root=f"{HOME}/{root.format(id=probe)}"), 60
+            sandbox_manager.files.untar(sandbox, archive, root=f"{HOME}/{root.format(id=probe)}"),
+            60,
         )
     except Exception as exc:  # noqa: BLE001 - a refusal is the held outcome; which kind is not
         assert "not allowed" in str(exc) or "symbolic link" in str(exc) or "Error" in str(exc)
@@ -658,7 +660,7 @@ async def test_untar_strips_setuid_and_keeps_modes_sane(
 ) -> None:
     """A member with setuid/setgid/sticky and world-write bits is written 0755 at most."""
     archive = small_tar({"tool": b"#!/bin/sh\n"}, mode=0o7777)
-    await sandbox_manager._untar(sandbox_manager.get(box), archive, root=f"{HOME}/modes")
+    await sandbox_manager.files.untar(sandbox_manager.get(box), archive, root=f"{HOME}/modes")
     result = await sh(tools, box, f"stat -c %a {HOME}/modes/tool")
     assert result["stdout"].strip() == "755", result
 
@@ -681,8 +683,9 @@ async def test_untar_racing_a_symlink_swap(
         if flipper.done():
             break
         try:
-            await asyncio.wait_for(sandbox_manager._untar(sandbox, archive, root=f"{HOME}/race"),
-                                   60)  # fmt: skip
+            await asyncio.wait_for(
+                sandbox_manager.files.untar(sandbox, archive, root=f"{HOME}/race"), 60
+            )
             unpacked += 1
         except Exception:  # noqa: BLE001 - a refusal under the race is a held outcome
             continue
@@ -701,7 +704,7 @@ async def request(
     """A raw file request to the supervisor; an error comes back as data."""
     try:
         reply, _ = await asyncio.wait_for(
-            sandbox_manager._file_request(sandbox_manager.get(sid), msg, blob), 60
+            sandbox_manager.files.request(sandbox_manager.get(sid), msg, blob), 60
         )
     except Exception as exc:  # noqa: BLE001 - the refusal is the probe's data
         return {"ok": False, "error": str(exc)}

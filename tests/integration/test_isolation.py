@@ -7,6 +7,7 @@ import pytest
 from harombe.config import load_config
 from harombe.errors import InsecureRuntimeError, RuntimeNotAvailableError
 from harombe.security.docker_manager import DockerManager
+from harombe.security.runtime.cgroups import CpuQuota
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.tools.code_execution import CodeExecutionTools
 
@@ -29,7 +30,7 @@ async def test_container_is_configured_with_every_default(
     assert host["Memory"] == host["MemorySwap"] > 0
     # The CPU quota is set on the sandbox's cgroup once it has booted, before any code runs.
     assert not host["NanoCpus"]
-    assert await sandbox_manager.docker.cpu_limit(box.container_id) == limits.max_cpu_cores
+    assert await CpuQuota(sandbox_manager.docker).limit(box.container_id) == limits.max_cpu_cores
     assert host["Tmpfs"]["/workspace"].startswith(f"size={limits.max_disk_mb}m")
     assert not host.get("Binds") and not attrs["Mounts"]
     assert attrs["Config"]["User"] == "0:0"  # the supervisor; user code runs as 1000
@@ -167,10 +168,10 @@ async def test_cpu_quota_binds_user_code(
 ) -> None:
     """A busy loop gets about max_cpu_cores of the host's CPU (measured on the host cgroup)."""
     box = sandbox_manager.get(fresh_sandbox)
-    before = await sandbox_manager.docker.cpu_usage_s(box.container_id)
+    before = await CpuQuota(sandbox_manager.docker).usage_s(box.container_id)
     code = "import time\nstart = time.monotonic()\nwhile time.monotonic() - start < 2.0:\n    pass"
     result = await tools.code_execute(language="python", code=code, sandbox_id=fresh_sandbox)
-    used = await sandbox_manager.docker.cpu_usage_s(box.container_id) - before
+    used = await CpuQuota(sandbox_manager.docker).usage_s(box.container_id) - before
     share = used / result["execution_time"]
     # The default quota is half a core; an unthrottled busy loop takes a whole one or more.
     assert sandbox_manager.limits.max_cpu_cores == 0.5

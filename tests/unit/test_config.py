@@ -154,3 +154,36 @@ def test_constructor_default_above_the_ceiling_lifts_it() -> None:
     assert kept.security.sandbox.limits.max_timeout_s == 600
     with pytest.raises(ConfigError, match="below"):
         override(load_config(environ={}), max_execution_time=900, max_timeout_s=100)
+
+
+def test_allowed_registries_are_read_as_urls() -> None:
+    """pypi lists index URLs (first: the index), npm one registry; empty: the machine's own."""
+    urls = ["https://mirror.example/simple", "http://extra.example/simple"]
+    network = {"allowed_registries": {"pypi": urls}}
+    config = parse_config({"security": {"sandbox": {"network": network}}})
+    network = config.security.sandbox.network
+    assert network.registry_urls("pypi") == (
+        "https://mirror.example/simple",
+        "http://extra.example/simple",
+    )
+    assert network.registry_urls("npm") == ()
+    assert load_config(environ={}).security.sandbox.network.registry_urls("pypi") == ()
+
+
+@pytest.mark.parametrize(
+    ("registries", "needle"),
+    [
+        ({"npm": ["https://a.example/", "https://b.example/"]}, "npm takes one registry"),
+        ({"pypi": ["ftp://mirror.example/simple"]}, "not an http(s) URL"),
+        ({"pypi": ["/srv/wheels"]}, "not an http(s) URL"),
+        ({"pypi": ["https://mirror.example/a b"]}, "not an http(s) URL"),
+        ({"pypi": ["https://"]}, "not an http(s) URL"),
+        ({"cargo": ["https://crates.example/"]}, "allowed_registries.cargo"),
+    ],
+    ids=["two-npm", "ftp", "path", "space", "no-host", "unknown-registry"],
+)
+def test_bad_registry_urls_are_refused(registries: dict, needle: str) -> None:
+    """A registry entry pip or npm could not use as given is a ConfigError naming it."""
+    data = {"security": {"sandbox": {"network": {"allowed_registries": registries}}}}
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(data)

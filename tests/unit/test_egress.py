@@ -8,7 +8,8 @@ import pytest
 
 from harombe.errors import ConfigError
 from harombe.security.policy.netpolicy import Allowlist, address_is_public, is_ip_literal
-from harombe.security.runtime.egress import ConnectionBudget, EgressProxy, printable, raise_fd_limit
+from harombe.security.runtime.egress import EgressProxy, printable
+from harombe.security.runtime.egress_resources import ConnectionBudget, raise_fd_limit
 from harombe.testing import capture_events
 
 NAMES = {"allowed.test": "127.0.0.1", "api.allowed.test": "127.0.0.1",

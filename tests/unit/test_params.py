@@ -34,6 +34,10 @@ ACCEPTED: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
     ("exec-domains-tuple", "code_execute",
      {**EXEC, "network_enabled": True, "allowed_domains": ("example.com", "*.example.org")},
      {"allowed_domains": ["example.com", "*.example.org"]}),
+    ("exec-network-none-is-default", "code_execute", {**EXEC, "network_enabled": None},
+     {"network_enabled": False}),
+    ("exec-network-none-existing", "code_execute",
+     {**EXEC, "sandbox_id": SID, "network_enabled": None}, {"network_enabled": None}),
     ("exec-domains-none", "code_execute", {**EXEC, "allowed_domains": None},
      {"allowed_domains": []}),
     ("exec-sandbox", "code_execute", {**EXEC, "sandbox_id": SID}, {"sandbox_id": SID}),
@@ -81,8 +85,6 @@ REFUSED: list[tuple[str, str, dict[str, Any], type[Exception], str]] = [
     ("network-string-true", "code_execute", {**EXEC, "network_enabled": "true"},
      InvalidArgumentError, "pass a boolean"),
     ("network-int", "code_execute", {**EXEC, "network_enabled": 1},
-     InvalidArgumentError, "network_enabled must be true or false"),
-    ("network-none", "code_execute", {**EXEC, "network_enabled": None},
      InvalidArgumentError, "network_enabled must be true or false"),
     ("fresh-string", "code_execute", {**EXEC, "fresh": "yes"},
      InvalidArgumentError, "fresh must be true or false"),
@@ -242,7 +244,7 @@ def test_schemas_describe_every_parameter(tool: str) -> None:
 def test_schema_types_are_strict() -> None:
     """Booleans are booleans, timeouts numbers, languages an enum: what the validators hold."""
     props = TOOL_ARGS["code_execute"].model_json_schema()["properties"]
-    assert props["network_enabled"]["type"] == "boolean"
+    assert {t.get("type") for t in props["network_enabled"]["anyOf"]} == {"boolean", "null"}
     assert props["language"]["enum"] == ["python", "javascript", "shell"]
     assert {t.get("type") for t in props["timeout"]["anyOf"]} == {"number", "null"}
     assert props["allowed_domains"]["items"]["type"] == "string"
@@ -266,6 +268,52 @@ def test_tool_signatures_match_their_models(tool: str) -> None:
             assert default is None and field.get_default(call_default_factory=True) == []
         else:
             assert default == field.default, name
+
+
+def test_stream_takes_code_executes_parameters() -> None:
+    """code_execute_stream's parameters are code_execute's, defaults included (but on_output,
+    which the stream makes itself); a call the signature refuses is a TypeError."""
+    execute = inspect.signature(CodeExecutionTools.code_execute).parameters
+    stream = inspect.signature(CodeExecutionTools.code_execute_stream).parameters
+    assert list(stream) == [name for name in execute if name != "on_output"]
+    for name, param in stream.items():
+        shown = execute[name]
+        assert (param.kind, param.default, param.annotation) == (
+            shown.kind,
+            shown.default,
+            shown.annotation,
+        ), name
+
+
+async def test_stream_refuses_what_code_execute_would() -> None:
+    """Unknown, missing and on_output arguments fail the stream as they fail a function."""
+    tools = CodeExecutionTools(SandboxManager(DockerManager()))
+    for call in (
+        lambda: tools.code_execute_stream("python", "1", on_output=print),  # type: ignore[call-arg]
+        lambda: tools.code_execute_stream("python"),  # type: ignore[call-arg]
+        lambda: tools.code_execute_stream("python", "1", network=True),  # type: ignore[call-arg]
+    ):
+        with pytest.raises(TypeError):
+            await call().__anext__()
+
+
+@pytest.mark.parametrize(
+    ("default", "args", "expected"),
+    [
+        (True, {}, True),
+        (True, {"network_enabled": False}, False),
+        (False, {"network_enabled": True}, True),
+        (True, {"sandbox_id": SID}, None),
+        (True, {"allowed_domains": ["example.com"]}, True),
+    ],
+    ids=["default-on", "explicit-off", "explicit-on", "existing-keeps-its-own", "domains-ok"],
+)
+def test_network_default_comes_from_the_config(
+    default: bool, args: dict[str, Any], expected: bool | None
+) -> None:
+    """network_enabled left out is network.enabled_by_default for a new sandbox only."""
+    parsed = parse_args(TOOL_ARGS["code_execute"], {**EXEC, **args}, network_default=default)
+    assert parsed.network_enabled is expected  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
 import docker.errors
 import pytest
@@ -13,13 +14,12 @@ from harombe.config import SandboxConfig
 from harombe.errors import (
     DockerUnavailableError,
     ImageNotFoundError,
-    RuntimeNotAvailableError,
     SandboxLostError,
     SandboxNotFoundError,
 )
 from harombe.images import debian_mirror
 from harombe.security.docker_manager import translate
-from harombe.security.guest import supervisor_files
+from harombe.security.guest import FILE_PARTS, load
 from harombe.security.runtime.channel import FrameDecoder, encode
 from harombe.security.runtime.runs import _decode
 from harombe.security.runtime.sandbox import (
@@ -145,24 +145,31 @@ def test_owner_of_a_dead_process_is_gone() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exc", "kind", "needle"),
+    ("exc", "subject", "kind", "needle"),
     [
-        (docker.errors.ImageNotFound("no such image"), ImageNotFoundError, "images build"),
-        (docker.errors.NotFound("No such container"), SandboxLostError, "gone"),
-        (
-            docker.errors.APIError("unknown or invalid runtime name: runsc"),
-            RuntimeNotAvailableError,
-            "daemon.json",
-        ),
-        (requests.exceptions.ConnectionError("refused"), DockerUnavailableError, "setup.sh"),
-        (FileNotFoundError("/var/run/docker.sock"), DockerUnavailableError, "DOCKER_HOST"),
-        (docker.errors.DockerException("boom"), DockerUnavailableError, "failed"),
+        (docker.errors.ImageNotFound("no such image"), "daemon", ImageNotFoundError,
+         "images build"),
+        (docker.errors.NotFound("No such image"), "image", ImageNotFoundError, "images build"),
+        (docker.errors.NotFound("No such container"), "container", SandboxLostError, "gone"),
+        (docker.errors.NotFound("No such network"), "network", SandboxLostError, "network"),
+        (docker.errors.APIError("conflict"), "container", DockerUnavailableError, "failed"),
+        (requests.exceptions.ConnectionError("refused"), "daemon", DockerUnavailableError,
+         "setup.sh"),
+        (requests.exceptions.ReadTimeout("slow"), "daemon", DockerUnavailableError, "in time"),
+        (FileNotFoundError("/var/run/docker.sock"), "daemon", DockerUnavailableError,
+         "DOCKER_HOST"),
+        (docker.errors.DockerException("boom"), "daemon", DockerUnavailableError, "failed"),
+        (EOFError(), "daemon", DockerUnavailableError, "socket error"),
     ],
-    ids=["image", "container-gone", "runtime", "connection", "no-socket", "other"],
-)
-def test_docker_errors_map_to_harombe_errors(exc: Exception, kind: type, needle: str) -> None:
-    """Each Docker failure becomes the harombe error that says how to fix it."""
-    mapped = translate(exc, what="testing")
+    ids=["image-type", "image-subject", "container-gone", "network-gone", "api-error",
+         "connection", "timeout", "no-socket", "other", "eof"],
+)  # fmt: skip
+def test_docker_errors_map_to_harombe_errors(
+    exc: Exception, subject: Any, kind: type, needle: str
+) -> None:
+    """Each Docker failure becomes, by its type and what the call was about, the harombe error
+    that says how to fix it — whatever its message text says."""
+    mapped = translate(exc, what="testing", subject=subject)
     assert isinstance(mapped, kind)
     assert needle in str(mapped)
 
@@ -182,6 +189,7 @@ def test_supervisor_walk_refuses_symlinks_and_escapes(tmp_path: Path) -> None:
     (root / "out").symlink_to("/etc")
     (root / "in").symlink_to(root / "inner")
     (root / "rel").symlink_to("../")
+    supervisor_files = load(FILE_PARTS)
     read = supervisor_files.FILE_OPS["read"]
     assert read({"root": str(root), "path": "inner/x", "max_bytes": 9}, b"")[1] == b"x"
     for bad in ("in/x", "out/passwd", "rel/x", "/etc/passwd", "a\x00"):

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 
+from harombe.config import parse_config
 from harombe.errors import UsageError
 from harombe.security.approval.approvers import deny_all
 from harombe.security.docker_manager import DockerManager
@@ -114,6 +115,27 @@ async def test_the_gate_sees_what_the_manager_will_do(call: Any, expected: dict)
     """The Operation carries normalised values and the sandbox's real network and timeout."""
     params = await shown(call)
     assert {k: params[k] for k in expected} == expected
+
+
+NETWORK_ON = parse_config({"security": {"sandbox": {"network": {"enabled_by_default": True}}}})
+
+
+@pytest.mark.parametrize(
+    ("call", "expected"),
+    [
+        (lambda t: t.code_execute("python", "1"), True),
+        (lambda t: t.code_execute("python", "1", network_enabled=None), True),
+        (lambda t: t.code_execute("python", "1", network_enabled=False), False),
+        (lambda t: t.code_execute_stream("python", "1").__anext__(), True),
+        (lambda t: t.code_execute("python", "1", sandbox_id=SID), False),
+    ],
+    ids=["left-out", "none", "explicit-false", "stream", "existing-offline-sandbox"],
+)
+async def test_network_enabled_by_default_reaches_the_gate(call: Any, expected: bool) -> None:
+    """network.enabled_by_default is the network of a new sandbox whose call does not say; an
+    existing sandbox keeps its own (no refusal for the default it was not created with)."""
+    params = await shown(call, config=NETWORK_ON)
+    assert params["network_enabled"] is expected
 
 
 async def test_guide_timeout_override_reaches_the_gate() -> None:

@@ -20,9 +20,11 @@ decided and how long it took.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import inspect
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -134,6 +136,18 @@ class ApprovalDecision:
         )
 
 
+@dataclass(frozen=True)
+class _Verdict:
+    """How an operation was decided, before it becomes an :class:`ApprovalDecision`;
+    ``remember``: an approver's ``scope="sandbox"`` answer, to apply to the sandbox."""
+
+    status: ApprovalStatus
+    by: str
+    comment: str | None = None
+    scope: Literal["once", "sandbox"] = "once"
+    remember: bool = False
+
+
 def _name_of(approver: object) -> str:
     return str(getattr(approver, "name", None) or getattr(approver, "__name__", None)
                or type(approver).__name__)  # fmt: skip
@@ -159,91 +173,90 @@ class HITLGate:
         self._grants: dict[str, set[GrantKey]] = {}
 
     async def check_approval(self, op: Operation) -> ApprovalDecision:
+        """The decision on ``op``, in the order of the module docstring; logged once as
+        ``hitl.decided``. Never raises for a broken rule or approver: those deny."""
         started = time.monotonic()
-        classifier_failed = False
+        if not op.operation_id:
+            op = dataclasses.replace(op, operation_id=uuid.uuid4().hex[:12])
         try:
             assessment = self.classifier.assess(op)
         except Exception as exc:  # noqa: BLE001 - a broken custom rule must deny, not crash
             reason = Reason("the classifier failed", RiskLevel.CRITICAL, repr(exc))
             assessment = Assessment(RiskLevel.CRITICAL, True, 0.0, (reason,), frozenset())
-            classifier_failed = True
+            comment = "fix the rule whose check raised; operations are denied until then"
+            verdict: _Verdict | None = _Verdict(ApprovalStatus.DENIED, "classifier_error", comment)
+        else:
+            verdict = self._without_asking(op, assessment)
+        if verdict is None:
+            verdict = await self._ask_approver(op, assessment)
+        decision = ApprovalDecision(
+            verdict.status, op, assessment.risk, assessment.reasons, verdict.by,
+            round(time.monotonic() - started, 4), assessment.timeout_s, verdict.scope,
+            verdict.comment, assessment.rule_ids, assessment.grant_keys,
+        )  # fmt: skip
+        log.info(
+            "hitl.decided",
+            operation_id=op.operation_id,
+            tool=op.tool_name,
+            sandbox_id=op.sandbox_id,
+            risk=str(decision.risk),
+            reasons=[str(r) for r in decision.reasons],
+            decision=decision.status.value,
+            decided_by=decision.decided_by,
+            scope=decision.scope,
+            latency_s=decision.latency_s,
+            timeout_s=decision.timeout_s,
+        )
+        if verdict.remember and op.sandbox_id:
+            self.remember(decision, op.sandbox_id)
+        return decision
 
-        def decide(
-            status: ApprovalStatus, by: str, *, comment: str | None = None, scope: str = "once"
-        ) -> ApprovalDecision:
-            decision = ApprovalDecision(
-                status, op, assessment.risk, assessment.reasons, by,
-                round(time.monotonic() - started, 4), assessment.timeout_s,
-                "sandbox" if scope == "sandbox" else "once", comment, assessment.rule_ids,
-                assessment.grant_keys,
-            )  # fmt: skip
-            log.info(
-                "hitl.decided",
-                operation_id=op.operation_id,
-                tool=op.tool_name,
-                sandbox_id=op.sandbox_id,
-                risk=str(decision.risk),
-                reasons=[str(r) for r in decision.reasons],
-                decision=status.value,
-                decided_by=by,
-                scope=decision.scope,
-                latency_s=decision.latency_s,
-                timeout_s=decision.timeout_s,
-            )
-            return decision
-
-        if classifier_failed:
-            return decide(
-                ApprovalStatus.DENIED,
-                "classifier_error",
-                comment="fix the rule whose check raised; operations are denied until then",
-            )
+    def _without_asking(self, op: Operation, assessment: Assessment) -> _Verdict | None:
+        """The verdict when no approver needs asking (rule, LOW, grant, no approver), else None."""
         if not assessment.require_approval:
-            return decide(ApprovalStatus.AUTO_APPROVED, "rule")
+            return _Verdict(ApprovalStatus.AUTO_APPROVED, "rule")
         if assessment.risk == RiskLevel.LOW and self.auto_approve_low_risk:
-            return decide(ApprovalStatus.AUTO_APPROVED, "auto_approve_low_risk")
-        sandbox_id = op.sandbox_id
-        granted = self._grants.get(sandbox_id, set()) if sandbox_id else set()
+            return _Verdict(ApprovalStatus.AUTO_APPROVED, "auto_approve_low_risk")
+        granted = self._grants.get(op.sandbox_id, set()) if op.sandbox_id else set()
         # Covered only if every finding of this call was among those approved: a new
         # construct, a new target or a new rule is asked about again.
         if assessment.grant_keys and assessment.grant_keys <= granted:
-            return decide(ApprovalStatus.APPROVED, "sandbox_grant", scope="sandbox")
+            return _Verdict(ApprovalStatus.APPROVED, "sandbox_grant", scope="sandbox")
         if self.approver is None:
-            return decide(
+            return _Verdict(
                 ApprovalStatus.DENIED,
                 "no_approver",
-                comment="no approver is configured; pass approver= to HITLGate, "
+                "no approver is configured; pass approver= to HITLGate, "
                 "e.g. harombe.security.approval.approvers.TerminalApprover()",
             )
+        return None
+
+    async def _ask_approver(self, op: Operation, assessment: Assessment) -> _Verdict:
+        """Ask the approver, waiting at most the rule's timeout; only a True answer approves."""
         request = ApprovalRequest(op, assessment.risk, assessment.reasons, assessment.timeout_s)
         name = _name_of(self.approver)
         try:
             answer = await asyncio.wait_for(self._ask(request), assessment.timeout_s)
         except TimeoutError:
-            return decide(ApprovalStatus.TIMEOUT, "timeout")
+            return _Verdict(ApprovalStatus.TIMEOUT, "timeout")
         except Exception as exc:  # noqa: BLE001 - a broken approver must deny, not crash
-            return decide(ApprovalStatus.DENIED, name, comment=f"the approver failed: {exc!r}")
+            return _Verdict(ApprovalStatus.DENIED, name, f"the approver failed: {exc!r}")
         if isinstance(answer, bool):
             answer = ApprovalResponse(answer)
         if not isinstance(answer, ApprovalResponse):
-            return decide(
-                ApprovalStatus.DENIED,
-                name,
-                comment=f"the approver returned {answer!r}; return a bool or an ApprovalResponse",
-            )
+            fix = f"the approver returned {answer!r}; return a bool or an ApprovalResponse"
+            return _Verdict(ApprovalStatus.DENIED, name, fix)
         by = answer.approver if isinstance(answer.approver, str) and answer.approver else name
         if answer.approved is not True:
             # Only True approves: "no", 1 or a truthy object is not a yes.
             comment = (
                 answer.comment
                 if answer.approved is False
-                else (f"approved={answer.approved!r} is not True, so it was denied")
+                else f"approved={answer.approved!r} is not True, so it was denied"
             )
-            return decide(ApprovalStatus.DENIED, by, comment=comment)
-        decision = decide(ApprovalStatus.APPROVED, by, comment=answer.comment, scope=answer.scope)
-        if answer.scope == "sandbox" and sandbox_id:
-            self.remember(decision, sandbox_id)
-        return decision
+            return _Verdict(ApprovalStatus.DENIED, by, comment)
+        scope: Literal["once", "sandbox"] = "sandbox" if answer.scope == "sandbox" else "once"
+        return _Verdict(ApprovalStatus.APPROVED, by, answer.comment, scope, remember=True)
 
     async def _ask(self, request: ApprovalRequest) -> object:
         try:

@@ -8,12 +8,17 @@ later; writing the container's own cgroup can. The sandbox manager does that onc
 is ready and before any code runs in it, and falls back to Docker's create-time quota where
 the cgroup cannot be written.
 
-Pure parsing here is unit-tested; the two functions that touch files are small.
+Pure parsing here is unit-tested; the functions that touch files are small, and
+:class:`CpuQuota` runs them off the event loop. This is the only module that writes cgroups.
 """
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Protocol
+
+from harombe.errors import LimitNotAppliedError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
@@ -96,7 +101,59 @@ def read_cpu_usage_s(pid: int) -> float:
     raise FileNotFoundError(f"no cpuacct.usage for cgroup {path}")
 
 
+class _States(Protocol):
+    async def container_state(self, container_id: str) -> dict[str, object]: ...
+
+
+class CpuQuota:
+    """Sets and reads the CPU quota of running containers through their host cgroups.
+
+    The cgroup path of the first container is found through its process; later ones reuse its
+    pattern (the container id in it swapped), which saves an inspect call on every cold start,
+    and fall back to the process when that path does not exist."""
+
+    def __init__(self, docker: _States) -> None:
+        self._docker = docker
+        self._template: tuple[int, str] | None = None
+
+    async def _pid(self, container_id: str) -> int:
+        return int(str((await self._docker.container_state(container_id)).get("Pid") or 0))
+
+    async def apply(self, container_id: str, *, cpu_cores: float) -> None:
+        """Limit the running container to ``cpu_cores``; :class:`LimitNotAppliedError` if its
+        cgroup cannot be written (the caller falls back to Docker's create-time quota)."""
+        try:
+            if self._template is not None:
+                version, pattern = self._template
+                try:
+                    path = pattern.replace("{id}", container_id)
+                    await asyncio.to_thread(set_cpu_quota, version, path, cpu_cores)
+                    return
+                except OSError:
+                    pass  # another cgroup layout for this one: ask its process
+            pid = await self._pid(container_id)
+            version, path = await asyncio.to_thread(cgroup_of, pid)
+            await asyncio.to_thread(set_cpu_quota, version, path, cpu_cores)
+            if container_id in path:
+                self._template = (version, path.replace(container_id, "{id}"))
+        except (OSError, ValueError) as exc:
+            raise LimitNotAppliedError(
+                f"could not set the CPU quota of container {container_id[:12]} through its "
+                f"cgroup ({exc}); run harombe as root on the Docker host, or it falls back to "
+                "Docker's create-time quota"
+            ) from exc
+
+    async def limit(self, container_id: str) -> float | None:
+        """The CPU limit of a running container in cores (None: unlimited)."""
+        return await asyncio.to_thread(read_cpu_quota, await self._pid(container_id))
+
+    async def usage_s(self, container_id: str) -> float:
+        """CPU seconds a running container has used (sentry included)."""
+        return await asyncio.to_thread(read_cpu_usage_s, await self._pid(container_id))
+
+
 __all__ = [
+    "CpuQuota",
     "cgroup_of",
     "cpu_cgroup",
     "quota_files",

@@ -16,35 +16,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
-import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
 from harombe.errors import SandboxLostError, SandboxStartError
-from harombe.security.runtime.docker import AttachedStdio
+from harombe.security.guest.wire import (
+    MAX_BLOB_BYTES,
+    MAX_JSON_BYTES,
+    FrameDecoder,
+    ProtocolError,
+    encode,
+)
+from harombe.security.runtime.backend import Stdio
 
 log = structlog.get_logger(__name__)
 
-HEADER = struct.Struct(">II")
 STDERR_TAIL_BYTES = 4096
-#: The largest JSON part of a frame: replies are a few fields, a result's repr, a listing.
-MAX_JSON_BYTES = 8 * 1024 * 1024
 #: Room past the largest legitimate blob (file contents, or both output streams of a run).
 BLOB_SLACK_BYTES = 1024 * 1024
-DEFAULT_MAX_BLOB_BYTES = 64 * 1024 * 1024 + BLOB_SLACK_BYTES
+DEFAULT_MAX_BLOB_BYTES = MAX_BLOB_BYTES  # the codec's default: 64 MiB and the slack
 # How long a cancelled run may take to stop (SIGTERM or SIGINT, then SIGKILL after the grace).
 CANCEL_WAIT_S = 10.0
 OutputCallback = Callable[[str, bytes], Awaitable[None] | None]
 Reply = tuple[dict[str, Any], bytes]
-
-
-def encode(msg: dict[str, Any], blob: bytes = b"") -> bytes:
-    """One protocol frame."""
-    data = json.dumps(msg, separators=(",", ":")).encode()
-    return HEADER.pack(len(data), len(blob)) + data + blob
 
 
 def blob_cap_bytes(max_file_bytes: int, max_output_bytes: int) -> int:
@@ -52,55 +48,12 @@ def blob_cap_bytes(max_file_bytes: int, max_output_bytes: int) -> int:
     return max(max_file_bytes, 2 * max_output_bytes) + BLOB_SLACK_BYTES
 
 
-class ProtocolError(Exception):
-    """The sandbox sent something outside the protocol (too large, or not a JSON object)."""
-
-
-class FrameDecoder:
-    """Turns a byte stream into ``(message, blob)`` frames, refusing any frame over the caps.
-
-    The lengths are checked as soon as the header is in, so a header that claims gigabytes
-    costs nothing: the buffer never holds more than one capped frame plus one read.
-    """
-
-    def __init__(
-        self, *, max_json_bytes: int = MAX_JSON_BYTES, max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES
-    ) -> None:
-        self._buf = bytearray()
-        self._max_json_bytes = max_json_bytes
-        self._max_blob_bytes = max_blob_bytes
-
-    def feed(self, data: bytes) -> list[Reply]:
-        """The frames completed by ``data``; raises :class:`ProtocolError` on a bad one."""
-        self._buf += data
-        frames = []
-        while len(self._buf) >= HEADER.size:
-            jlen, blen = HEADER.unpack_from(self._buf)
-            if jlen > self._max_json_bytes or blen > self._max_blob_bytes:
-                raise ProtocolError(
-                    f"a frame of {jlen} + {blen} bytes, over the caps of {self._max_json_bytes} "
-                    f"(JSON) and {self._max_blob_bytes} (blob)"
-                )
-            end = HEADER.size + jlen + blen
-            if len(self._buf) < end:
-                break
-            try:
-                msg = json.loads(bytes(self._buf[HEADER.size : HEADER.size + jlen]))
-            except (ValueError, RecursionError) as exc:
-                raise ProtocolError(f"a frame that is not JSON ({exc})") from None
-            if not isinstance(msg, dict):
-                raise ProtocolError(f"a frame that is not a JSON object ({type(msg).__name__})")
-            frames.append((msg, bytes(self._buf[HEADER.size + jlen : end])))
-            del self._buf[:end]
-        return frames
-
-
 class Channel:
     """Request/response over one sandbox's stdio. Not safe for two concurrent runs."""
 
     def __init__(
         self,
-        stdio: AttachedStdio,
+        stdio: Stdio,
         *,
         sandbox_id: str,
         max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES,
@@ -181,11 +134,6 @@ class Channel:
             self._pending.pop(rid, None)
             self._streams.pop(rid, None)
             self._streamed.pop(rid, None)
-
-    async def send(self, msg: dict[str, Any]) -> None:
-        """Fire-and-forget message (``cancel``); its reply is ignored."""
-        if not self._lost:
-            await self._stdio.write(encode({**msg, "id": next(self._ids)}))
 
     async def _read_loop(self) -> None:
         decoder = FrameDecoder(

@@ -21,10 +21,11 @@ an address. Every decision is one audit event, ``egress.allowed`` or ``egress.re
 the true client (peer address and port, and the sandbox that address belongs to).
 
 One sandbox cannot starve another: each proxy holds at most ``max_connections`` client
-connections and ``max_connects_in_flight`` resolve-and-connect attempts, a request head must
+connections and ``max_lookups_in_flight`` name lookups, a request head must
 arrive within ``header_timeout_s``, a connection that carries nothing for ``idle_timeout_s``
 is closed, and all proxies together stay within a :class:`ConnectionBudget` derived from the
-process's file-descriptor limit (:func:`raise_fd_limit`).
+process's file-descriptor limit (:mod:`.egress_resources`, which also holds the resolver
+threads every proxy shares).
 """
 
 from __future__ import annotations
@@ -32,11 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import resource
-import socket
 import time
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 
 import structlog
 
@@ -50,6 +48,7 @@ from harombe.security.runtime.egress_http import (
     parse_head,
     pipe,
 )
+from harombe.security.runtime.egress_resources import ConnectionBudget, Resolver, system_resolver
 
 log = structlog.get_logger(__name__)
 
@@ -60,9 +59,6 @@ MAX_CONNECTIONS_PER_SANDBOX = 64
 #: its slot until its resolver thread is done, not merely until the proxy stops waiting for
 #: it, so one sandbox's slow names hold at most this many of the shared resolver threads.
 MAX_LOOKUPS_IN_FLIGHT = 4
-#: Threads that resolve names for every proxy of this process: a pool of their own, so slow
-#: lookups never hold the default executor the rest of harombe uses.
-RESOLVER_THREADS = 64
 #: Seconds a client has to send a whole request head (slow-header attacks).
 HEADER_TIMEOUT_S = 10.0
 #: Seconds a tunnel or a forwarded request may carry no byte either way before it is closed.
@@ -75,37 +71,14 @@ MAX_ADDRESSES_TRIED = 4
 #: client already sent, so it gets the refusal rather than a reset; past this, they just close.
 MAX_LINGERING = 16
 LINGER_S = 0.5
-#: File descriptors kept back from proxied connections for everything else harombe does.
-FD_RESERVE = 512
-#: A soft ``RLIMIT_NOFILE`` below this after raising it is logged as too low.
-MIN_FD_LIMIT = 4096
 #: Refusals one proxy logs one by one per second; past that they are counted and logged as
 #: one ``egress.refusals_suppressed`` event, so a flood of refused requests cannot flood the log.
 REFUSALS_LOGGED_PER_S = 20
 
-Resolver = Callable[[str, int], Awaitable[list[str]]]
+#: ``policy_for(client_ip)`` → ``(sandbox_id, allowlist)`` for the proxy's own sandbox, else None.
 PolicyFor = Callable[[str], "tuple[str, Allowlist] | None"]
+#: ``identify(client_ip)`` → the sandbox that address belongs to, if any (for the audit only).
 Identify = Callable[[str], "str | None"]
-
-
-_resolver_pool: ThreadPoolExecutor | None = None
-
-
-def _getaddrinfo(host: str, port: int) -> list[str]:
-    """The blocking lookup (a seam for tests that stand in for a slow resolver)."""
-    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    return [str(info[4][0]) for info in infos]
-
-
-async def system_resolver(host: str, port: int) -> list[str]:
-    """Addresses of ``host`` from this machine's resolver, on the resolver threads (never the
-    default executor: a hanging resolver must not stall harombe's other blocking work)."""
-    global _resolver_pool
-    if _resolver_pool is None:
-        _resolver_pool = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="harombe-dns")
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(_resolver_pool, _getaddrinfo, host, port)
-
 
 _UNSAFE = re.compile(r"[^\x20-\x7e]")
 
@@ -119,47 +92,6 @@ def printable(text: str, limit: int = 253) -> str:
 async def _dial(address: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Connect to a checked address (a seam for tests that cannot reach public addresses)."""
     return await asyncio.open_connection(address, port)
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit; the resulting soft limit.
-
-    Logs ``egress.fd_limit_low`` (with the fix) when it stays under :data:`MIN_FD_LIMIT`."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            log.info("egress.fd_limit_raised", soft=target, was=soft)
-            soft = target
-    if soft != resource.RLIM_INFINITY and soft < MIN_FD_LIMIT:
-        log.warning(
-            "egress.fd_limit_low", soft=soft, hard=hard, minimum=MIN_FD_LIMIT,
-            fix="raise the open-files limit (ulimit -n, LimitNOFILE=) for the harombe process",
-        )  # fmt: skip
-    return int(soft) if soft != resource.RLIM_INFINITY else 1 << 20
-
-
-class ConnectionBudget:
-    """How many proxied connections all proxies of this process may hold together; each takes
-    up to two file descriptors (client and origin)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(capacity, 1)
-        self.in_use = 0
-
-    @classmethod
-    def from_fd_limit(cls, fd_limit: int) -> ConnectionBudget:
-        return cls((fd_limit - FD_RESERVE) // 2)
-
-    def acquire(self) -> bool:
-        if self.in_use >= self.capacity:
-            return False
-        self.in_use += 1
-        return True
-
-    def release(self) -> None:
-        self.in_use -= 1
 
 
 class Refused(Exception):

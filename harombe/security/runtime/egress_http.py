@@ -219,26 +219,41 @@ async def copy_body(
     idle_timeout_s: float,
 ) -> None:
     """Copy exactly the request's body (by Content-Length or chunked framing) from ``reader``
-    to ``writer``; nothing after it. Malformed chunking raises :class:`BadRequest`."""
+    to ``writer``; nothing after it. Malformed chunking raises :class:`BadRequest`; a side
+    that moves no byte for ``idle_timeout_s`` raises TimeoutError."""
+    body = _Body(reader, writer, idle_timeout_s)
+    if head.body_length is not None:
+        await body.copy(head.body_length)
+    elif head.chunked:
+        await body.copy_chunked()
 
-    async def read(n: int) -> bytes:
-        data = await asyncio.wait_for(reader.read(n), idle_timeout_s)
-        if not data:
-            raise BadRequest(400, "request body ended early")
-        return data
 
-    async def copy(n: int) -> None:
+class _Body:
+    """One request body on its way from client to origin (see :func:`copy_body`)."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, idle_timeout_s: float
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.idle_timeout_s = idle_timeout_s
+
+    async def copy(self, n: int) -> None:
+        """Copy exactly ``n`` bytes."""
         while n > 0:
-            data = await read(min(n, 65536))
-            writer.write(data)
+            data = await asyncio.wait_for(self.reader.read(min(n, 65536)), self.idle_timeout_s)
+            if not data:
+                raise BadRequest(400, "request body ended early")
+            self.writer.write(data)
             # An origin that stops reading the upload ends it (TimeoutError) rather than
             # holding the connection, or more of the body in memory, indefinitely.
-            await asyncio.wait_for(writer.drain(), idle_timeout_s)
+            await asyncio.wait_for(self.writer.drain(), self.idle_timeout_s)
             n -= len(data)
 
-    async def line() -> bytes:
+    async def line(self) -> bytes:
+        """One CRLF-terminated chunk-size or trailer line, CRLF included."""
         try:
-            data = await asyncio.wait_for(reader.readuntil(b"\r\n"), idle_timeout_s)
+            data = await asyncio.wait_for(self.reader.readuntil(b"\r\n"), self.idle_timeout_s)
         except asyncio.LimitOverrunError:
             raise BadRequest(400, "chunk line too long") from None
         except asyncio.IncompleteReadError:
@@ -247,31 +262,28 @@ async def copy_body(
             raise BadRequest(400, "malformed chunk line")
         return data
 
-    if head.body_length is not None:
-        await copy(head.body_length)
-        return
-    if not head.chunked:
-        return
-    while True:
-        size_line = await line()
-        size_text = size_line[:-2].split(b";", 1)[0]
-        if not re.fullmatch(rb"[0-9A-Fa-f]{1,15}", size_text):
-            raise BadRequest(400, "malformed chunk size")
-        writer.write(size_line)
-        size = int(size_text, 16)
-        if size == 0:
-            break
-        await copy(size)
-        if await line() != b"\r\n":
-            raise BadRequest(400, "chunk data not followed by CRLF")
-        writer.write(b"\r\n")
-    for _ in range(MAX_HEADER_LINES + 1):  # trailers, then the empty line
-        trailer = await line()
-        writer.write(trailer)
-        if trailer == b"\r\n":
-            await asyncio.wait_for(writer.drain(), idle_timeout_s)
-            return
-    raise BadRequest(431, "too many trailer lines")
+    async def copy_chunked(self) -> None:
+        """Copy chunks up to and including the last one, its trailers and the empty line."""
+        while True:
+            size_line = await self.line()
+            size_text = size_line[:-2].split(b";", 1)[0]
+            if not re.fullmatch(rb"[0-9A-Fa-f]{1,15}", size_text):
+                raise BadRequest(400, "malformed chunk size")
+            self.writer.write(size_line)
+            size = int(size_text, 16)
+            if size == 0:
+                break
+            await self.copy(size)
+            if await self.line() != b"\r\n":
+                raise BadRequest(400, "chunk data not followed by CRLF")
+            self.writer.write(b"\r\n")
+        for _ in range(MAX_HEADER_LINES + 1):  # trailers, then the empty line
+            trailer = await self.line()
+            self.writer.write(trailer)
+            if trailer == b"\r\n":
+                await asyncio.wait_for(self.writer.drain(), self.idle_timeout_s)
+                return
+        raise BadRequest(431, "too many trailer lines")
 
 
 def close_writer(writer: asyncio.StreamWriter) -> None:

@@ -4,30 +4,27 @@ No host directory is ever shared with a sandbox, so no symlink planted by sandbo
 lead to the host. Paths are checked twice: on the host (:func:`workspace_relative`, and the
 depth cap here), and inside the sandbox, where the supervisor walks them one component at a
 time from a descriptor of ``/workspace`` without ever letting the kernel follow a link, and
-refuses anything that would leave it (see ``supervisor_files.py``). Reads refuse anything but
+refuses anything that would leave it (see ``guest/supervisor_paths.py``). Reads refuse anything but
 regular files and never block; writes replace the file atomically; listings are capped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from harombe.errors import UsageError, WorkspacePathError
+from harombe.config import Limits
+from harombe.errors import FileError, UsageError, WorkspacePathError
 from harombe.security.policy.paths import WORKSPACE, workspace_relative
+from harombe.security.runtime.sandbox import Sandbox
 
-if TYPE_CHECKING:
-    from harombe.security.runtime.sandbox import Sandbox
+__all__ = ["MAX_LIST_ENTRIES", "DirListing", "FileError", "Files", "checked_relative"]
 
 FILE_TIMEOUT_S = 120.0
 #: Deepest path accepted, in directories (the supervisor also counts those symlinks add).
 MAX_PATH_DEPTH = 128
 #: Entries a listing returns at most: the first by name; ``total`` still counts them all.
 MAX_LIST_ENTRIES = 10_000
-
-
-class FileError(UsageError):
-    """A file operation failed inside the sandbox (missing file, not a directory…)."""
 
 
 @dataclass(frozen=True)
@@ -51,17 +48,17 @@ def checked_relative(path: str, *, allow_root: bool = False) -> str:
     return rel
 
 
-class FileOps:
-    """Mixin for :class:`~harombe.security.runtime.manager.SandboxManager`."""
+class Files:
+    """Workspace file operations on a sandbox, under ``limits`` (``max_file_bytes``)."""
 
-    limits: Any
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
 
-    def get(self, sandbox_id: str) -> Sandbox:  # provided by the manager
-        raise NotImplementedError
-
-    async def _file_request(
+    async def request(
         self, box: Sandbox, msg: dict[str, Any], blob: bytes = b""
     ) -> tuple[dict[str, Any], bytes]:
+        """Send one file request to ``box``'s supervisor (the caller holds ``box.lock``);
+        a refusal becomes :class:`WorkspacePathError` or :class:`FileError`."""
         reply, data = await box.channel.request(msg, blob, timeout_s=FILE_TIMEOUT_S)
         if reply.get("ok"):
             return reply, data
@@ -70,7 +67,7 @@ class FileOps:
             raise WorkspacePathError(text)
         raise FileError(f"{kind}: {text}")
 
-    async def write_file(self, sandbox_id: str, file_path: str, content: str | bytes) -> int:
+    async def write(self, box: Sandbox, file_path: str, content: str | bytes) -> int:
         """Write ``content`` (str as UTF-8) to ``/workspace/<file_path>``; bytes written.
 
         The file is replaced atomically (a reader sees the old or the new content, never part),
@@ -81,17 +78,15 @@ class FileOps:
             raise UsageError(
                 f"content is {len(data)} bytes, over max_file_bytes={self.limits.max_file_bytes}"
             )
-        box = self.get(sandbox_id)
         async with box.lock:
             msg = {"op": "write", "root": WORKSPACE, "path": rel}
-            reply, _ = await self._file_request(box, msg, data)
+            reply, _ = await self.request(box, msg, data)
         return int(reply["bytes"])
 
-    async def read_file(self, sandbox_id: str, file_path: str) -> bytes:
+    async def read(self, box: Sandbox, file_path: str) -> bytes:
         """The bytes of regular file ``/workspace/<file_path>`` (at most ``max_file_bytes``;
         a larger file, a directory, FIFO, socket or device is a :class:`FileError`)."""
         rel = checked_relative(file_path)
-        box = self.get(sandbox_id)
         async with box.lock:
             msg = {
                 "op": "read",
@@ -99,26 +94,21 @@ class FileOps:
                 "path": rel,
                 "max_bytes": self.limits.max_file_bytes,
             }
-            _, data = await self._file_request(box, msg)
+            _, data = await self.request(box, msg)
         return data
 
-    async def list_directory(self, sandbox_id: str, path: str = ".") -> DirListing:
+    async def list_directory(self, box: Sandbox, path: str = ".") -> DirListing:
         """The first :data:`MAX_LIST_ENTRIES` entries of a workspace directory by name, with
         the count of all; symlinks are reported with their target, never followed."""
         rel = checked_relative(path, allow_root=True)
-        box = self.get(sandbox_id)
         async with box.lock:
             msg = {"op": "list", "root": WORKSPACE, "path": rel, "max_entries": MAX_LIST_ENTRIES}
-            reply, _ = await self._file_request(box, msg)
+            reply, _ = await self.request(box, msg)
         entries = list(reply.get("entries", ()))[:MAX_LIST_ENTRIES]
         total = max(int(reply.get("total", len(entries))), len(entries))
         truncated = bool(reply.get("truncated")) or total > len(entries)
         return DirListing(entries=entries, total=total, truncated=truncated)
 
-    async def list_files(self, sandbox_id: str, path: str = ".") -> list[dict[str, Any]]:
-        """Entries of a workspace directory, sorted by name (see :meth:`list_directory`)."""
-        return (await self.list_directory(sandbox_id, path)).entries
-
-    async def _untar(self, box: Sandbox, archive: bytes, *, root: str) -> None:
+    async def untar(self, box: Sandbox, archive: bytes, *, root: str) -> None:
         """Unpack a host-made tar.gz below ``root`` inside the sandbox (caller holds the lock)."""
-        await self._file_request(box, {"op": "untar", "root": root}, archive)
+        await self.request(box, {"op": "untar", "root": root}, archive)

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
+from harombe.config import INTERPRETERS, REGISTRY_LANGUAGES, NetworkConfig
 from harombe.errors import UsageError
 from harombe.security.runtime import packages
-from harombe.security.runtime.sandbox import HOME, ExecutionResult
-
-if TYPE_CHECKING:
-    from harombe.security.runtime.sandbox import Sandbox
+from harombe.security.runtime.files import Files
+from harombe.security.runtime.runs import Runs
+from harombe.security.runtime.sandbox import HOME, ExecutionResult, Sandbox
 
 INSTALL_TIMEOUT_S = 600.0
 NUMPY_1 = ("numpy<2",)
@@ -42,28 +41,27 @@ def _numpy_abi_break(stderr: str) -> bool:
     return "numpy.dtype size changed" in stderr or "compiled using NumPy 1.x" in stderr
 
 
-class PackageInstalls:
-    """Mixin for :class:`~harombe.security.runtime.manager.SandboxManager`."""
+class Installs:
+    """Installs registry packages into sandboxes, through ``runs`` and ``files``."""
 
-    # Provided by SandboxManager (get, _run) and FileOps (_untar).
-    get: Callable[[str], Sandbox]
-    _untar: Callable[..., Awaitable[None]]
-    _run: Callable[..., Awaitable[ExecutionResult]]
+    def __init__(self, runs: Runs, files: Files, *, network: NetworkConfig) -> None:
+        self._runs = runs
+        self._files = files
+        # Where packages come from: configured registries, else this machine's pip/npm config.
+        self._index_urls = network.registry_urls("pypi")
+        self._npm_registry = next(iter(network.registry_urls("npm")), None)
 
-    async def install_package(
-        self, sandbox_id: str, package: str, registry: str = "pypi"
-    ) -> ExecutionResult:
-        """Install a registry package into the sandbox, which stays offline throughout."""
-        spec = packages.parse_spec(package, registry)
-        box = self.get(sandbox_id)
-        need = "python3" if spec.registry == "pypi" else "node"
+    async def install(self, box: Sandbox, spec: packages.PackageSpec) -> ExecutionResult:
+        """Install ``spec`` into ``box``, which stays offline throughout; a failed install is
+        in the result. Raises :class:`~harombe.errors.SandboxLostError` if the sandbox dies."""
+        need = INTERPRETERS[REGISTRY_LANGUAGES[spec.registry]]
         if not box.has(need):
             raise UsageError(f"{spec.registry} packages need {need}, which image {box.image} lacks")
         async with box.lock:
             if spec.registry == "npm":
                 started = time.perf_counter()
-                archive, npm_output = await packages.fetch_npm(spec)
-                await self._untar(box, archive, root=f"{HOME}/node_modules")
+                archive, npm_output = await packages.fetch_npm(spec, registry=self._npm_registry)
+                await self._files.untar(box, archive, root=f"{HOME}/node_modules")
                 return self._install_result(box, npm_output, time.perf_counter() - started)
             result = await self._install_pypi(box, spec)
             if result.success and _numpy_abi_break(await self._import_check(box, spec)):
@@ -85,18 +83,19 @@ class PackageInstalls:
             machine=str(box.info.get("machine")),
             glibc=str(libc[1] or "2.17"),
             constraints=constraints,
+            index_urls=self._index_urls,
         )
         # A fresh, unguessable directory: code in the sandbox cannot have planted it (the
         # untar refuses a symlink anywhere on the way, too).
         wheels = f"/tmp/harombe-wheels-{secrets.token_hex(8)}"
-        await self._untar(box, archive, root=wheels)
+        await self._files.untar(box, archive, root=wheels)
         argv = [
             "python3", "-m", "pip", "install", "--user", "--no-index", "--find-links", wheels,
             "--no-warn-script-location", "--no-cache-dir",
             *(["--upgrade", *constraints] if constraints else []),
             "--", spec.text,
         ]  # fmt: skip
-        result = await self._run(
+        result = await self._runs.run(
             box,
             argv,
             b"",
@@ -104,13 +103,12 @@ class PackageInstalls:
             timeout_s=INSTALL_TIMEOUT_S,
             extra_env={"PIP_BREAK_SYSTEM_PACKAGES": "1"},
         )
-        if result.status != "lost":
-            await self._run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
+        await self._runs.run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
         return result
 
     async def _import_check(self, box: Sandbox, spec: packages.PackageSpec) -> str:
         """What importing the installed distribution's top-level modules printed (stderr)."""
-        result = await self._run(
+        result = await self._runs.run(
             box, ["python3", "-c", IMPORT_CHECK, spec.name], b"", language="shell",
             timeout_s=INSTALL_TIMEOUT_S,
         )  # fmt: skip

@@ -1,6 +1,10 @@
-"""Sandbox lifecycle and the operations that run inside sandboxes.
+"""Sandbox registry and lifecycle, and the operations on sandboxes by id.
 
-A sandbox is a gVisor container whose PID 1 is harombe's supervisor. Calls on one sandbox are
+A sandbox is a gVisor container whose PID 1 is harombe's supervisor. The manager owns the
+registry of live sandboxes and their lifecycle (start, sweep, create, replace, destroy, stop);
+it hands each call to the collaborator that does it — :class:`~.launcher.Launcher` (container
+start-up), :class:`~.runs.Runs`, :class:`~.files.Files`, :class:`~.installs.Installs` — which
+take the sandbox, never the manager, so a call travels one way. Calls on one sandbox are
 serialised by its lock; calls on different sandboxes run concurrently. Every container carries
 harombe labels: :meth:`SandboxManager.stop` removes this manager's, and
 :meth:`SandboxManager.start` removes those left behind by a process that no longer exists.
@@ -9,64 +13,72 @@ harombe labels: :meth:`SandboxManager.stop` removes this manager's, and
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import AsyncIterator, Hashable, Sequence
 from typing import Any
 
 import structlog
 
-from harombe.config import LANGUAGES, HarombeConfig, Language, load_config, override
+from harombe.config import (
+    CONFIG_PATH_ENV,
+    LANGUAGES,
+    HarombeConfig,
+    Language,
+    Limits,
+    SandboxConfig,
+    load_config,
+    override,
+)
 from harombe.errors import (
     ConfigError,
-    DockerUnavailableError,
     HarombeError,
-    InsecureRuntimeError,
-    LimitNotAppliedError,
-    RuntimeNotAvailableError,
     SandboxLostError,
     SandboxNotFoundError,
-    SandboxStartError,
     UsageError,
 )
-from harombe.security.guest import JS_WORKER_SOURCE
-from harombe.security.runtime.channel import Channel, blob_cap_bytes
-from harombe.security.runtime.docker import DockerManager, settle
-from harombe.security.runtime.egress import Resolver, system_resolver
-from harombe.security.runtime.files import FileOps
-from harombe.security.runtime.installs import PackageInstalls
-from harombe.security.runtime.network import CA_BUNDLE, Lease, SandboxNetworks
-from harombe.security.runtime.pool import Background, WarmPool
-from harombe.security.runtime.runs import GVISOR_RUNTIMES, Execution
+from harombe.security.runtime import packages
+from harombe.security.runtime.backend import DockerBackend
+from harombe.security.runtime.channel import OutputCallback
+from harombe.security.runtime.egress_resources import Resolver, system_resolver
+from harombe.security.runtime.files import DirListing, Files
+from harombe.security.runtime.installs import Installs
+from harombe.security.runtime.launcher import Launcher
+from harombe.security.runtime.network import SandboxNetworks
+from harombe.security.runtime.pool import WarmPool
+from harombe.security.runtime.preflight import check_runtimes
+from harombe.security.runtime.runs import Runs, effective_timeout, lost_result
 from harombe.security.runtime.sandbox import (
     LABEL_MANAGED,
     LABEL_MANAGER,
     LABEL_OWNER,
-    RUN_ENV,
-    SESSION_LANGUAGES,
+    ExecutionResult,
     Sandbox,
     check_sandbox_id,
-    container_spec,
-    new_sandbox_id,
     owner_is_gone,
     process_owner,
 )
+from harombe.security.runtime.tasks import settle
 
 log = structlog.get_logger(__name__)
 
-START_TIMEOUT_S = 30.0
-#: How long a pooled sandbox may take to answer the ping that precedes handing it out.
-CLAIM_PING_TIMEOUT_S = 3.0
+STOPPED_DURING_CREATE = "the sandbox manager was stopped while the sandbox was being made"
 
 
-class SandboxManager(Execution, FileOps, PackageInstalls):
-    """Creates, runs and destroys sandboxes. ``await start()`` before use, ``stop()`` after."""
+class SandboxManager:
+    """Creates, runs and destroys sandboxes. ``await start()`` before use, ``stop()`` after.
+
+    ``config`` is a :class:`~harombe.config.HarombeConfig`; without one, the manager uses
+    :func:`~harombe.config.load_config` — built-in defaults, then the file named by
+    ``$HAROMBE_CONFIG`` if set, then ``HAROMBE__…`` variables — and logs which file it read.
+    The keyword limits override its ``security.sandbox`` values."""
 
     def __init__(
         self,
-        docker_manager: DockerManager,
+        docker_manager: DockerBackend,
         runtime: str | None = None,
         *,
         max_memory_mb: int | None = None,
@@ -78,56 +90,53 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         config: HarombeConfig | None = None,
         egress_resolver: Resolver | None = None,
     ) -> None:
+        if config is not None and not isinstance(config, HarombeConfig):
+            raise UsageError(
+                f"config must be a harombe.config.HarombeConfig, got {type(config).__name__}; "
+                "build one with harombe.config.load_config(path) or parse_config(mapping)"
+            )
+        if config is None:
+            config = load_config()
+            log.info("sandbox_manager.config_loaded", path=os.environ.get(CONFIG_PATH_ENV))
         self.docker = docker_manager
         self.config = override(
-            config or load_config(),
-            runtime=runtime,
-            max_memory_mb=max_memory_mb,
-            max_cpu_cores=max_cpu_cores,
-            max_disk_mb=max_disk_mb,
-            max_execution_time=max_execution_time,
-            max_output_bytes=max_output_bytes,
+            config, runtime=runtime, max_memory_mb=max_memory_mb,
+            max_cpu_cores=max_cpu_cores, max_disk_mb=max_disk_mb,
+            max_execution_time=max_execution_time, max_output_bytes=max_output_bytes,
             allow_insecure_runtime=allow_insecure_runtime,
-        )
+        )  # fmt: skip
         self.manager_id = uuid.uuid4().hex[:12]
         self._owner = process_owner()
         self._sandboxes: dict[str, Sandbox] = {}
         self._replaced: dict[str, str] = {}
+        self._launches: set[asyncio.Future[Sandbox]] = set()
         self._started = False
-        self._late_cpu_limit = True  # see harombe.security.runtime.cgroups
-        self._extra_cas = b""
-        # Containers whose removal failed because Docker could not be reached: retried when it
-        # answers again, and by stop().
-        self._unremoved: set[str] = set()
-        self._background = Background()
-        network = self.sandbox_config.network
+        cfg = self.sandbox_config
         self.networks = SandboxNetworks(
             docker_manager,
             labels={LABEL_MANAGED: "1", LABEL_OWNER: self._owner, LABEL_MANAGER: self.manager_id},
             resolver=egress_resolver or system_resolver,
-            allow_private=network.allow_private_destinations,
+            allow_private=cfg.network.allow_private_destinations,
         )
+        self.runs = Runs(docker_manager, cfg)
+        self.files = Files(cfg.limits)
+        self.installs = Installs(self.runs, self.files, network=cfg.network)
+        self.launcher = Launcher(
+            docker_manager, cfg, networks=self.networks, runs=self.runs, owner=self._owner,
+            manager_id=self.manager_id,
+        )  # fmt: skip
         self.pool = self._new_pool()
 
     def _new_pool(self) -> WarmPool:
         pool = self.sandbox_config.pool
         return WarmPool(
-            self._launch_pooled,
-            self._discard,
-            size=pool.size,
-            max_age_s=pool.max_age_s,
-            probe=self._answers,
-        )
+            self._launch_pooled, self.launcher.discard, size=pool.size, max_age_s=pool.max_age_s,
+            probe=self.launcher.answers,
+        )  # fmt: skip
 
-    async def _answers(self, box: Sandbox) -> bool:
-        """Whether ``box``'s supervisor answers a ping in time (a paused or hung one does not)."""
-        if box.channel.lost is not None:
-            return False
-        try:
-            reply, _ = await box.channel.request({"op": "ping"}, timeout_s=CLAIM_PING_TIMEOUT_S)
-        except SandboxLostError:
-            return False
-        return reply.get("ok") is True
+    async def _launch_pooled(self, key: Hashable) -> Sandbox:
+        language: Language = key[0]  # type: ignore[index]
+        return await self.launcher.launch_pooled(language)
 
     def pool_key(self, language: Language) -> tuple[str, ...]:
         """The warm-pool key of ``language``'s sandboxes: language, image, runtime and limits."""
@@ -138,14 +147,14 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         """Wait until the warm pool has finished refilling and background removals are done
         (for benchmarks and tests)."""
         await self.pool.settled()
-        await self._background.wait()
+        await self.launcher.background.wait()
 
     @property
-    def sandbox_config(self) -> Any:
+    def sandbox_config(self) -> SandboxConfig:
         return self.config.security.sandbox
 
     @property
-    def limits(self) -> Any:
+    def limits(self) -> Limits:
         return self.sandbox_config.limits
 
     @property
@@ -153,37 +162,23 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         """Live sandboxes by id (a copy)."""
         return dict(self._sandboxes)
 
+    def effective_timeout(self, timeout_s: float | None) -> tuple[float, list[str]]:
+        """The timeout a call gets and any warnings (see :func:`.runs.effective_timeout`)."""
+        return effective_timeout(self.limits, timeout_s)
+
     async def start(self) -> None:
-        """Check Docker and the runtime, then remove orphans of dead harombe processes."""
+        """Check the config, Docker and the runtime, then remove orphans of dead harombe
+        processes and start filling the warm pool."""
         if not self.docker.started:
             raise UsageError("Docker manager not started: await docker_manager.start() first")
         cfg = self.sandbox_config
-        if cfg.runtime not in GVISOR_RUNTIMES and not cfg.allow_insecure_runtime:
-            raise InsecureRuntimeError(
-                f"runtime {cfg.runtime!r} is not gVisor, so sandboxed code would share the host "
-                "kernel; use runtime 'runsc', or set security.sandbox.allow_insecure_runtime: "
-                "true to accept weaker isolation"
+        if not cfg.enabled:
+            raise ConfigError(
+                "sandboxes are switched off (security.sandbox.enabled: false), so no code can "
+                "run; set it to true to use the sandbox manager"
             )
-        net_runtime = cfg.network.runtime
-        if net_runtime not in GVISOR_RUNTIMES and not cfg.allow_insecure_runtime:
-            raise InsecureRuntimeError(
-                f"security.sandbox.network.runtime {net_runtime!r} is not gVisor; use "
-                "'runsc-net', or set security.sandbox.allow_insecure_runtime: true"
-            )
-        runtimes = await self.docker.runtimes()
-        if net_runtime not in runtimes:
-            log.warning(
-                "sandbox_manager.no_network_runtime",
-                runtime=net_runtime,
-                fix="run scripts/setup.sh; network-enabled sandboxes need it",
-            )
-        if cfg.runtime not in runtimes:
-            raise RuntimeNotAvailableError(
-                f"the {cfg.runtime!r} runtime is not registered with Docker (registered: "
-                f"{', '.join(sorted(runtimes)) or 'none'}); run scripts/setup.sh, or add it to "
-                "/etc/docker/daemon.json and restart dockerd"
-            )
-        self._extra_cas = await self._read_extra_cas()  # a bad path fails here, not per sandbox
+        await check_runtimes(self.docker, cfg)
+        await self.launcher.read_extra_cas()  # a bad path fails here, not per sandbox
         await self.sweep_orphans()
         self._started = True
         self.pool = self._new_pool()
@@ -209,41 +204,40 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         """Destroy every sandbox this manager created, and every container and network labelled
         with its id (also ones a failed or cancelled create left)."""
         self._started = False
+        while self._launches:  # called off: each removes what it had made before it ends
+            for launch in self._launches:
+                launch.cancel()
+            await asyncio.wait(set(self._launches))
         boxes = list(self._sandboxes.values()) + await self.pool.close()
-        await self._background.wait()
-        networks = self.networks
+        await self.launcher.background.wait()
         self._sandboxes.clear()
         await asyncio.gather(*(box.channel.close() for box in boxes))
         if self.docker.started:
             leftovers = await self.docker.list_containers({LABEL_MANAGER: self.manager_id})
             ids = {box.container_id for box in boxes} | {c.id for c in leftovers}
-            ids |= self._unremoved
+            ids |= self.launcher.unremoved
             await asyncio.gather(*(self.docker.remove_container(cid) for cid in ids))
-            self._unremoved.clear()
-            await networks.close()
+            self.launcher.unremoved.clear()
+            await self.networks.close()
             # Networks no lease knows of any more (a detach that failed while Docker was away).
-            await networks.sweep(lambda labels: labels.get(LABEL_MANAGER) == self.manager_id)
+            await self.networks.sweep(lambda labels: labels.get(LABEL_MANAGER) == self.manager_id)
         log.info("sandbox_manager.stopped", removed=len(boxes))
-
-    def _require_started(self) -> None:
-        if not self._started:
-            raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
 
     def get(self, sandbox_id: str) -> Sandbox:
         """The live sandbox ``sandbox_id``; :class:`SandboxNotFoundError` otherwise."""
         check_sandbox_id(sandbox_id)
         box = self._sandboxes.get(sandbox_id)
-        if box is None:
-            if sandbox_id in self._replaced:
-                raise SandboxNotFoundError(
-                    f"Sandbox not found: {sandbox_id} was lost and replaced by "
-                    f"{self._replaced[sandbox_id]}; use that id"
-                )
+        if box is not None:
+            return box
+        if sandbox_id in self._replaced:
             raise SandboxNotFoundError(
-                f"Sandbox not found: {sandbox_id} does not exist or was destroyed; "
-                "create a new one with code_execute"
+                f"Sandbox not found: {sandbox_id} was lost and replaced by "
+                f"{self._replaced[sandbox_id]}; use that id"
             )
-        return box
+        raise SandboxNotFoundError(
+            f"Sandbox not found: {sandbox_id} does not exist or was destroyed; "
+            "create a new one with code_execute"
+        )
 
     async def create_sandbox(
         self,
@@ -253,237 +247,44 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
         allowed_domains: Sequence[str] = (),
     ) -> Sandbox:
         """A started sandbox, from the warm pool when one is ready, else started now."""
-        self._require_started()
+        if not self._started:
+            raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
         if language not in LANGUAGES:
             raise UsageError(
                 f"unknown language {str(language)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
+        box = None
         if not network_enabled:
-            key = self.pool_key(language)
             # Only a sandbox that answers; also starts a refill: the pool fills after first use.
-            box = await self.pool.claim(key)
+            box = await self.pool.claim(self.pool_key(language))
             if box is not None:
-                self._sandboxes[box.sandbox_id] = box
                 log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
-                return box
-        box = await self._launch(
-            language, network_enabled=network_enabled, allowed_domains=allowed_domains
-        )
+        if box is None:
+            launch = asyncio.ensure_future(self.launcher.launch(
+                language, network_enabled=network_enabled, allowed_domains=allowed_domains
+            ))  # fmt: skip
+            self._launches.add(launch)  # stop() calls it off; the launch removes what it made
+            launch.add_done_callback(self._launches.discard)
+            try:
+                box = await launch
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if launch.cancelled() and task is not None and not task.cancelling():
+                    raise UsageError(STOPPED_DURING_CREATE) from None  # stop(), not our caller
+                raise
+        if not self._started:  # stop() ran while it was claimed: it is nobody's
+            await settle(self.launcher.discard(box))
+            raise UsageError(STOPPED_DURING_CREATE)
         self._sandboxes[box.sandbox_id] = box
         return box
-
-    async def _launch_pooled(self, key: Any) -> Sandbox:
-        box = await self._launch(key[0], pooled=True)
-        if self.sandbox_config.stateful and box.language in SESSION_LANGUAGES:
-            # Start the session interpreter now, so the first call on it pays nothing.
-            try:
-                reply, _ = await box.channel.request(
-                    {"op": "warm", **self._session_fields(box, box.language)},
-                    timeout_s=START_TIMEOUT_S,
-                )
-            except BaseException:
-                await settle(self._discard(box))  # cancelled (stop()) or lost: keep nothing
-                raise
-            if not reply.get("ok"):
-                await settle(self._discard(box))
-                raise SandboxStartError(f"session interpreter did not start: {reply}")
-        return box
-
-    async def _discard(self, box: Sandbox) -> None:
-        await box.channel.close()
-        await self._remove(box.container_id)
-
-    async def _remove(self, container_id: str) -> None:
-        """Remove a container; if Docker cannot be reached, remember it and retry later."""
-        try:
-            await self.docker.remove_container(container_id)
-        except DockerUnavailableError as exc:
-            self._unremoved.add(container_id)
-            log.warning("sandbox.removal_deferred", container=container_id[:12], error=str(exc))
-        else:
-            self._unremoved.discard(container_id)
-
-    def _retry_removals(self) -> None:
-        """Docker answers again: remove what could not be removed while it was away."""
-        for container_id in list(self._unremoved):
-            self._unremoved.discard(container_id)
-            self._background.spawn(self._remove(container_id), name=f"remove-{container_id[:12]}")
-
-    def _session_fields(self, box: Sandbox, language: str) -> dict[str, Any]:
-        """What the supervisor needs to start the session interpreter for ``language``.
-
-        The JavaScript worker's source goes to a sandbox once; its supervisor keeps it, so
-        calls do not carry it each time."""
-        fields: dict[str, Any] = {
-            "session": True,
-            "language": language,
-            "env": {**RUN_ENV, **box.env},
-            "cwd": "/workspace",
-            "max_pids": self.limits.max_pids,
-        }
-        if language == "javascript" and not box.js_worker_sent:
-            fields["worker_source"] = JS_WORKER_SOURCE
-            box.js_worker_sent = True
-        return fields
-
-    async def _launch(
-        self,
-        language: Language,
-        *,
-        network_enabled: bool = False,
-        allowed_domains: Sequence[str] = (),
-        pooled: bool = False,
-    ) -> Sandbox:
-        cfg = self.sandbox_config
-        image = cfg.image_for(language)
-        sandbox_id = new_sandbox_id()
-        started = time.perf_counter()
-        await self.docker.image_id(image)  # a clear ImageNotFoundError before creating anything
-        if self._unremoved:
-            self._retry_removals()
-        lease = None
-        if network_enabled:
-            # Its own --internal network, the egress proxy on the gateway, firewall rules; made
-            # whole even if the caller is cancelled meanwhile, and then taken down again.
-            lease = await settle(
-                self.networks.attach(sandbox_id, allowed_domains),
-                undo=lambda _: self.networks.detach(sandbox_id),
-            )
-        try:
-            return await self._start_container(
-                sandbox_id, language, image, started,
-                pooled=pooled, lease=lease, allowed_domains=allowed_domains,
-            )  # fmt: skip
-        except BaseException:
-            if lease is not None:
-                await settle(self._detach(sandbox_id))
-            raise
-
-    async def _detach(self, sandbox_id: str) -> None:
-        """Take a sandbox's network down; Docker being away leaves it for stop()'s sweep."""
-        try:
-            await self.networks.detach(sandbox_id)
-        except HarombeError as exc:
-            log.warning("network.removal_deferred", sandbox_id=sandbox_id, error=str(exc))
-
-    async def _start_container(
-        self,
-        sandbox_id: str,
-        language: Language,
-        image: str,
-        started: float,
-        *,
-        pooled: bool,
-        lease: Lease | None,
-        allowed_domains: Sequence[str],
-    ) -> Sandbox:
-        cfg = self.sandbox_config
-        network_enabled = lease is not None
-        env = lease.environment() if lease is not None else {}
-        spec = container_spec(
-            sandbox_id,
-            image=image,
-            config=cfg,
-            owner=self._owner,
-            manager_id=self.manager_id,
-            language=language,
-            pooled=pooled,
-            cpu_at_create=not self._late_cpu_limit,
-            network=lease.network_name if lease is not None else None,
-            extra_env=env,
-        )
-        container_id = await self.docker.create_container(**spec)
-        channel: Channel | None = None
-        try:
-            stdio = await self.docker.attach(container_id)
-            channel = Channel(
-                stdio,
-                sandbox_id=sandbox_id,
-                max_blob_bytes=blob_cap_bytes(
-                    cfg.limits.max_file_bytes, cfg.limits.max_output_bytes
-                ),
-            )
-            await self.docker.start_container(container_id)
-            if lease is not None:  # its proxy serves this container's address and no other
-                await self.networks.bind(sandbox_id, container_id)
-            info = await channel.hello(timeout_s=START_TIMEOUT_S)
-            if self._late_cpu_limit:
-                # The boot ran unthrottled; the quota binds before any code can run here.
-                await self.docker.limit_cpu(container_id, cpu_cores=cfg.limits.max_cpu_cores)
-            box = Sandbox(
-                sandbox_id=sandbox_id,
-                container_id=container_id,
-                language=language,
-                image=image,
-                runtime=cfg.network.runtime if network_enabled else cfg.runtime,
-                channel=channel,
-                info=info,
-                network_enabled=network_enabled,
-                allowed_domains=tuple(allowed_domains),
-                env=env,
-            )
-            if lease is not None:
-                await self._install_ca_bundle(box)
-        except BaseException as exc:
-            # Nothing half-started is kept: not the channel, not the container — even when the
-            # caller is cancelled again while this clean-up runs.
-            await settle(self._scrap(channel, container_id))
-            if not isinstance(exc, LimitNotAppliedError):
-                raise
-            log.warning("sandbox.cpu_limit_fallback", reason=str(exc))
-            self._late_cpu_limit = False  # Docker's create-time quota from now on
-            return await self._start_container(
-                sandbox_id, language, image, started,
-                pooled=pooled, lease=lease, allowed_domains=allowed_domains,
-            )  # fmt: skip
-        log.info(
-            "sandbox.created",
-            sandbox_id=sandbox_id,
-            language=language,
-            image=image,
-            runtime=box.runtime,
-            pooled=pooled,
-            duration_s=round(time.perf_counter() - started, 4),
-        )
-        return box
-
-    async def _scrap(self, channel: Channel | None, container_id: str) -> None:
-        if channel is not None:
-            await channel.close()
-        await self._remove(container_id)
 
     async def destroy_sandbox(self, sandbox_id: str) -> None:
         """Remove the sandbox's container; its id is unknown afterwards."""
         box = self.get(sandbox_id)
         self._sandboxes.pop(sandbox_id, None)
-        await settle(self._scrap(box.channel, box.container_id))
-        await settle(self._detach(sandbox_id))
+        await settle(self.launcher.scrap(box.channel, box.container_id))
+        await settle(self.launcher.detach(sandbox_id))
         log.info("sandbox.destroyed", sandbox_id=sandbox_id, runs=box.runs)
-
-    async def _read_extra_cas(self) -> bytes:
-        """The configured extra CA certificates, read once when the manager starts."""
-        extra = b""
-        for path in self.sandbox_config.network.extra_ca_certificates:
-            try:
-                pem = await asyncio.to_thread(Path(path).read_bytes)
-            except OSError as exc:
-                raise ConfigError(
-                    f"security.sandbox.network.extra_ca_certificates: cannot read {path} "
-                    f"({exc.strerror}); give the path of a PEM file on this host"
-                ) from None
-            extra += pem.rstrip(b"\n") + b"\n"
-        return extra
-
-    async def _install_ca_bundle(self, box: Sandbox) -> None:
-        """The image's CA bundle plus the configured extra CAs, before any code runs."""
-        script = (
-            f"mkdir -p {CA_BUNDLE.rsplit('/', 1)[0]} && "
-            f"cat /etc/ssl/certs/ca-certificates.crt - > {CA_BUNDLE}"
-        )
-        result = await self._run(box, ["bash", "-c", script], self._extra_cas, language="shell",
-                                 timeout_s=30)  # fmt: skip
-        if not result.success:
-            raise SandboxStartError(f"could not write the CA bundle: {result.stderr.strip()}")
 
     def set_allowed_domains(self, sandbox_id: str, allowed_domains: Sequence[str]) -> None:
         """Replace a network-enabled sandbox's allowed domains; the next connection obeys."""
@@ -494,3 +295,106 @@ class SandboxManager(Execution, FileOps, PackageInstalls):
             )
         self.networks.set_allowed(sandbox_id, allowed_domains)
         box.allowed_domains = tuple(allowed_domains)
+
+    async def execute(
+        self,
+        sandbox_id: str,
+        code: str,
+        *,
+        language: Language | None = None,
+        timeout_s: float | None = None,
+        on_output: OutputCallback | None = None,
+        fresh: bool | None = None,
+    ) -> ExecutionResult:
+        """Run ``code`` in the sandbox (see :meth:`.runs.Runs.execute`). Failures of the code
+        are in the result; a sandbox that dies is replaced, and the result says by which."""
+        box = self.get(sandbox_id)
+        started = time.perf_counter()
+        try:
+            return await self.runs.execute(box, code, language=language, timeout_s=timeout_s,
+                                           on_output=on_output, fresh=fresh)  # fmt: skip
+        except SandboxLostError as exc:
+            self._check_still_live(box)
+            return await self._replace(box, exc, language=language or box.language,
+                                       started=started)  # fmt: skip
+
+    async def install_package(
+        self, sandbox_id: str, package: str, registry: str = "pypi"
+    ) -> ExecutionResult:
+        """Install a registry package into the sandbox, which stays offline throughout."""
+        spec = packages.parse_spec(package, registry)
+        box = self.get(sandbox_id)
+        started = time.perf_counter()
+        try:
+            return await self.installs.install(box, spec)
+        except SandboxLostError as exc:
+            self._check_still_live(box)
+            return await self._replace(box, exc, language="shell", started=started)
+
+    async def write_file(self, sandbox_id: str, file_path: str, content: str | bytes) -> int:
+        """Write ``content`` to ``/workspace/<file_path>``; bytes written (see :class:`Files`)."""
+        box = self.get(sandbox_id)
+        async with self._dropped_if_lost(box):
+            return await self.files.write(box, file_path, content)
+
+    async def read_file(self, sandbox_id: str, file_path: str) -> bytes:
+        """The bytes of regular file ``/workspace/<file_path>`` (see :class:`Files`)."""
+        box = self.get(sandbox_id)
+        async with self._dropped_if_lost(box):
+            return await self.files.read(box, file_path)
+
+    async def list_directory(self, sandbox_id: str, path: str = ".") -> DirListing:
+        """A workspace directory's entries, capped, with the count of all."""
+        box = self.get(sandbox_id)
+        async with self._dropped_if_lost(box):
+            return await self.files.list_directory(box, path)
+
+    def _check_still_live(self, box: Sandbox) -> None:
+        """A sandbox destroyed (or its manager stopped) under a call is not replaced."""
+        if self._sandboxes.get(box.sandbox_id) is not box:
+            raise SandboxNotFoundError(
+                f"Sandbox not found: {box.sandbox_id} was destroyed during the call"
+            )
+
+    @contextlib.asynccontextmanager
+    async def _dropped_if_lost(self, box: Sandbox) -> AsyncIterator[None]:
+        """A file call that finds its sandbox dead drops it, saying its files are gone."""
+        try:
+            yield
+        except SandboxLostError as exc:
+            self._check_still_live(box)
+            self._sandboxes.pop(box.sandbox_id, None)
+            await settle(self.launcher.discard(box))
+            raise SandboxLostError(
+                f"{exc}; sandbox {box.sandbox_id} and its files are gone: create a new one"
+            ) from None
+
+    async def list_files(self, sandbox_id: str, path: str = ".") -> list[dict[str, Any]]:
+        """Entries of a workspace directory, sorted by name (see :meth:`list_directory`)."""
+        return (await self.list_directory(sandbox_id, path)).entries
+
+    async def _replace(
+        self, box: Sandbox, exc: SandboxLostError, *, language: str, started: float
+    ) -> ExecutionResult:
+        """``box`` died under a call: remove what is left of it, start a replacement with the
+        same language and network, and return the call's result saying so."""
+        reason = str(exc)
+        self._sandboxes.pop(box.sandbox_id, None)
+        await settle(self.launcher.scrap(box.channel, box.container_id))
+        await settle(self.launcher.detach(box.sandbox_id))
+        try:
+            # A pooled replacement must answer a ping first, so it is never another dead one.
+            replacement = await self.create_sandbox(
+                box.language, network_enabled=box.network_enabled,
+                allowed_domains=box.allowed_domains,
+            )  # fmt: skip
+        except HarombeError as err:
+            raise type(err)(
+                f"sandbox {box.sandbox_id} was lost ({reason}) and no replacement could be "
+                f"started: {err}"
+            ) from err
+        self._replaced[box.sandbox_id] = replacement.sandbox_id
+        log.warning("sandbox.lost", sandbox_id=box.sandbox_id,
+                    replacement=replacement.sandbox_id, reason=reason)  # fmt: skip
+        return lost_result(box, replacement.sandbox_id, reason, language=language,
+                           elapsed_s=time.perf_counter() - started)  # fmt: skip

@@ -21,14 +21,15 @@ import structlog
 
 from harombe.errors import InfrastructureError
 from harombe.security.policy.netpolicy import Allowlist
-from harombe.security.runtime.docker import DockerManager, settle
-from harombe.security.runtime.egress import (
+from harombe.security.runtime.backend import DockerBackend
+from harombe.security.runtime.egress import EgressProxy
+from harombe.security.runtime.egress_resources import (
     ConnectionBudget,
-    EgressProxy,
     Resolver,
     raise_fd_limit,
     system_resolver,
 )
+from harombe.security.runtime.tasks import settle
 
 log = structlog.get_logger(__name__)
 
@@ -127,7 +128,7 @@ class SandboxNetworks:
 
     def __init__(
         self,
-        docker: DockerManager,
+        docker: DockerBackend,
         *,
         labels: dict[str, str],
         resolver: Resolver = system_resolver,

@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from harombe.security.runtime.docker import settle
 from harombe.security.runtime.sandbox import Sandbox
+from harombe.security.runtime.tasks import Background, settle
 
 log = structlog.get_logger(__name__)
 
@@ -39,33 +39,6 @@ Probe = Callable[[Sandbox], Coroutine[Any, Any, bool]]
 
 async def _always_alive(box: Sandbox) -> bool:
     return box.channel.lost is None
-
-
-class Background:
-    """Fire-and-forget tasks that are kept referenced, whose failures are logged (never left
-    as "exception was never retrieved"), and that can be waited for."""
-
-    def __init__(self) -> None:
-        self._tasks: set[asyncio.Task[Any]] = set()
-
-    def spawn(self, work: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
-        task = asyncio.create_task(work, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-        return task
-
-    def _finished(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()  # retrieved here, so asyncio never reports it
-        if exc is not None:
-            log.warning("pool.task_failed", task=task.get_name(), error=repr(exc))
-
-    async def wait(self) -> None:
-        """Until every task spawned so far (and any they spawn) has finished."""
-        while self._tasks:
-            await asyncio.wait(set(self._tasks))
 
 
 class WarmPool:

@@ -1,8 +1,8 @@
-"""Package installation: which specs are acceptable (pure), and the host-side download.
+"""Package installation: the host-side download of a spec the policy accepted.
 
-Only plain registry specs pass: a name and optional version constraint (``requests==2.31.0``,
-``pandas>=2,<3``, ``axios@1.6.0``, ``@types/node@^20``). URLs, VCS references, local paths,
-npm aliases and option-looking strings are refused before anything runs.
+Which specs are acceptable is :mod:`harombe.security.policy.package_specs` (re-exported here):
+only plain registry specs pass, and URLs, VCS references, local paths, archives, npm aliases
+and option-looking strings are refused before anything runs.
 
 Downloads happen on the host with the machine's own pip / npm configuration (index URLs,
 proxies, CA bundles) — harombe never names a registry host — and are then copied into the
@@ -18,96 +18,27 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import re
 import shutil
 import tarfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import structlog
-from packaging.requirements import InvalidRequirement, Requirement
 
-from harombe.errors import PackageFetchError, PackageSpecError
+from harombe.errors import PackageFetchError
+from harombe.security.policy.package_specs import REGISTRIES, PackageSpec, Registry, parse_spec
 from harombe.security.runtime.packages import npm as npm_fetch
 from harombe.security.runtime.packages import pypi as pypi_fetch
 from harombe.security.runtime.packages.fetch_runner import FetchArea
 
 log = structlog.get_logger(__name__)
+__all__ = [
+    "FETCH_TIMEOUT_S", "REGISTRIES", "TAR_MAX_BYTES", "TAR_MAX_MEMBERS", "PackageSpec", "Registry",
+    "fetch_npm", "fetch_pypi", "manylinux_platforms", "parse_spec",
+]  # fmt: skip
 
-Registry = Literal["pypi", "npm"]
-REGISTRIES: tuple[Registry, ...] = ("pypi", "npm")
-NPM_NAME = re.compile(r"^(?:@[a-z0-9][a-z0-9._~-]*/)?[a-z0-9][a-z0-9._~-]*$")
-NPM_RANGE = re.compile(r"^[0-9A-Za-z.+\-*^~<>=| ]{1,128}$")
-MAX_SPEC_CHARS = 512
 #: The whole download (every pip / npm run of one install) must finish within this.
 FETCH_TIMEOUT_S = 600
-
-
-@dataclass(frozen=True)
-class PackageSpec:
-    """A validated spec: ``text`` is what is handed to pip / npm, unchanged."""
-
-    registry: Registry
-    name: str
-    text: str
-
-
-def parse_spec(package: str, registry: str = "pypi") -> PackageSpec:
-    """Validate ``package`` for ``registry``; :class:`PackageSpecError` says what to write."""
-    if registry not in REGISTRIES:
-        raise PackageSpecError(
-            f"unknown registry {registry!r}; harombe installs from 'pypi' or 'npm' only"
-        )
-    if not isinstance(package, str) or not package.strip():
-        raise PackageSpecError("package spec is empty; give a name such as 'requests==2.31.0'")
-    if len(package) > MAX_SPEC_CHARS:
-        raise PackageSpecError(
-            f"package spec is {len(package)} characters long; a registry spec (name and "
-            f"version) is at most {MAX_SPEC_CHARS}"
-        )
-    text = package.strip()
-    if text.startswith("-") or any(c in text for c in "\n\r\t\\"):
-        raise PackageSpecError(f"package spec {package!r} looks like an option; give a name")
-    if registry == "pypi":
-        return _parse_pypi(text)
-    return _parse_npm(text)
-
-
-def _parse_pypi(text: str) -> PackageSpec:
-    lowered = text.lower()
-    if "://" in text or lowered.startswith(("git+", "file:")) or "/" in text or " @ " in text:
-        raise PackageSpecError(
-            f"{text!r} is a URL or path; only PyPI names with versions are allowed "
-            "(e.g. 'requests==2.31.0')"
-        )
-    try:
-        req = Requirement(text)
-    except InvalidRequirement as exc:
-        raise PackageSpecError(f"{text!r} is not a valid PyPI requirement: {exc}") from None
-    if req.url:
-        raise PackageSpecError(f"{text!r} names a URL; only registry packages are allowed")
-    if req.marker is not None:
-        raise PackageSpecError(f"{text!r} has an environment marker; drop the ';' part")
-    return PackageSpec("pypi", req.name, text)
-
-
-def _parse_npm(text: str) -> PackageSpec:
-    scoped = text.startswith("@")
-    at = text.find("@", 1 if scoped else 0)
-    name, version = (text, "") if at < 0 else (text[:at], text[at + 1 :])
-    slashes = name.count("/")
-    if ":" in text or slashes != (1 if scoped else 0) or text.startswith((".", "~")):
-        raise PackageSpecError(
-            f"{text!r} is a URL, alias, git or path reference; only npm registry names with "
-            "versions are allowed (e.g. 'axios@1.6.0')"
-        )
-    if not NPM_NAME.match(name) or len(name) > 214:
-        raise PackageSpecError(f"{name!r} is not a valid npm package name")
-    if at >= 0 and not NPM_RANGE.match(version):
-        raise PackageSpecError(f"{version!r} is not an npm version or range")
-    return PackageSpec("npm", name, text)
 
 
 def manylinux_platforms(machine: str, glibc: str) -> list[str]:
@@ -170,7 +101,13 @@ def _owner(area: FetchArea) -> int:
 
 
 async def fetch_pypi(
-    spec: PackageSpec, *, python: str, machine: str, glibc: str, constraints: Sequence[str] = ()
+    spec: PackageSpec,
+    *,
+    python: str,
+    machine: str,
+    glibc: str,
+    constraints: Sequence[str] = (),
+    index_urls: Sequence[str] = (),
 ) -> bytes:
     """Wheels for ``spec`` and its dependencies, for the sandbox's interpreter, as a tar.gz.
 
@@ -183,8 +120,9 @@ async def fetch_pypi(
     try:
         async with asyncio.timeout(FETCH_TIMEOUT_S):
             wheels = await pypi_fetch.resolve(
-                area, spec.text, target, manylinux_platforms(machine, glibc), constraints
-            )
+                area, spec.text, target, manylinux_platforms(machine, glibc), constraints,
+                index_urls=index_urls,
+            )  # fmt: skip
         log.debug("package.fetched", registry="pypi", spec=spec.text, files=len(wheels))
         return await asyncio.to_thread(_tar, [w.path for w in wheels], _owner(area))
     except TimeoutError:
@@ -196,9 +134,9 @@ async def fetch_pypi(
         await asyncio.to_thread(area.close)
 
 
-async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
+async def fetch_npm(spec: PackageSpec, *, registry: str | None = None) -> tuple[bytes, str]:
     """``node_modules`` for ``spec`` (registry releases only, install scripts not run) as a
-    tar.gz, and npm's output. See :mod:`harombe.security.runtime.packages.npm`."""
+    tar.gz, and npm's output; ``registry`` overrides npm's configured one. See :mod:`.npm`."""
     npm = shutil.which("npm")
     if npm is None:
         raise PackageFetchError(
@@ -208,7 +146,7 @@ async def fetch_npm(spec: PackageSpec) -> tuple[bytes, str]:
     area = await asyncio.to_thread(FetchArea, "harombe-npm-")
     try:
         async with asyncio.timeout(FETCH_TIMEOUT_S):
-            modules, output = await npm_fetch.fetch_tree(area, npm, spec.text)
+            modules, output = await npm_fetch.fetch_tree(area, npm, spec.text, registry=registry)
         archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()), _owner(area))
         log.debug("package.fetched", registry="npm", spec=spec.text)
         return archive, output

@@ -15,6 +15,11 @@ fetches from anywhere. So the download runs in two steps, both unprivileged
    dependency range must be a registry range — else the install is refused, naming the
    package and the dependency;
 3. ``npm ci`` installs exactly that lockfile, with scripts off.
+
+npm downloads from this machine's npm configuration (root's ``~/.npmrc`` and ``npm_config_*``
+variables), unless a ``registry`` is given (``security.sandbox.network.allowed_registries.npm``):
+then ``--registry`` on both runs makes it npm's registry (scoped registries in the npmrc still
+apply to their scopes).
 """
 
 from __future__ import annotations
@@ -142,65 +147,80 @@ def _npm_env(home: Path) -> dict[str, str]:
     return env
 
 
-async def fetch_tree(area: FetchArea, npm: str, spec_text: str) -> tuple[Path, str]:
-    """Resolve, check and install ``spec_text``; the ``node_modules`` directory and npm's
-    output. See the module docstring for the steps."""
-    work = area.new_dir("npm")
-    (work / "package.json").write_text('{"name":"harombe-install","private":true}')
-    env = _npm_env(work / "home")
-    common = [*NPM_SAFETY, "--cache", str(work / "home" / "cache"), "--prefix", str(work)]
-    fds: list[int] = []
+def npm_common_args(work: Path, registry: str | None = None) -> list[str]:
+    """Arguments of both npm runs in ``work``: :data:`NPM_SAFETY`, a private cache and prefix,
+    and the configured ``registry`` (``None``: the machine's npm configuration decides)."""
+    args = [*NPM_SAFETY, "--cache", str(work / "home" / "cache"), "--prefix", str(work)]
+    return [*args, f"--registry={registry}"] if registry else args
+
+
+def _npmrc(env: dict[str, str]) -> bytes:
+    """Root's ``~/.npmrc`` (registry, auth, CA), capped; the variables it refers to
+    (``//host/:_authToken=${NPM_TOKEN}``) are added to ``env`` so they travel with it."""
     userconfig = _userconfig_path()
     try:
-        # Root's ~/.npmrc (registry, auth, CA) is handed over in memory: the download user
-        # cannot read it on disk, and no copy of it is ever written.
         content = userconfig.read_bytes()[:NPMRC_MAX_BYTES] if userconfig.is_file() else b""
     except OSError:
         content = b""
-    # Variables the npmrc refers to (``//host/:_authToken=${NPM_TOKEN}``) travel with it.
     for var in set(re.findall(rb"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", content)):
         name = var.decode()
         value = os.environ.get(name)
         if value is not None and not name.startswith(("NODE_", "LD_")):
             env.setdefault(name, value)
+    return content
+
+
+async def fetch_tree(
+    area: FetchArea, npm: str, spec_text: str, *, registry: str | None = None
+) -> tuple[Path, str]:
+    """Resolve, check and install ``spec_text``; the ``node_modules`` directory and npm's
+    output. See the module docstring for the steps and for ``registry``."""
+    work = area.new_dir("npm")
+    (work / "package.json").write_text('{"name":"harombe-install","private":true}')
+    env = _npm_env(work / "home")
+    common = npm_common_args(work, registry)
+    # Root's ~/.npmrc is handed over in memory: the download user cannot read it on disk, and
+    # no copy of it is ever written.
+    fd = memfd_with(_npmrc(env), "npmrc")
     try:
-        fd = memfd_with(content, "npmrc")
-        fds.append(fd)
         common.append(f"--userconfig=/proc/self/fd/{fd}")
         code, output = await area.run(
             [npm, "install", "--package-lock-only", *common, "--", spec_text],
             cwd=work,
             env=env,
-            pass_fds=fds,
+            pass_fds=[fd],
             give=("package.json",),
         )
         if code != 0:
             raise _npm_failure(spec_text, output, work / "home" / "cache" / "_logs")
-        lock_path = work / "package-lock.json"
-        if lock_path.is_symlink() or not lock_path.is_file():
-            raise PackageFetchError(f"npm resolved nothing for {spec_text}:\n{tail(output)}")
-        raw = await asyncio.to_thread(_read_capped, lock_path, LOCKFILE_MAX_BYTES + 1)
-        if len(raw) > LOCKFILE_MAX_BYTES:
-            raise PackageFetchError(f"the dependency tree of {spec_text} is too large")
-        try:
-            lock = json.loads(raw)
-        except ValueError as exc:
-            raise PackageFetchError(f"npm wrote an unreadable lockfile: {exc}") from None
-        count = check_lockfile(lock)
-        # What npm ci installs is the lockfile as checked, in a new file harombe owns and the
-        # download user can only read: nothing can edit it between the check and the install.
-        await asyncio.to_thread(_write_new, lock_path, json.dumps(lock).encode())
-        log.debug("package.lock_checked", spec=spec_text, packages=count)
-        code, output = await area.run([npm, "ci", *common], cwd=work, env=env, pass_fds=fds)
+        await asyncio.to_thread(_check_lock, work / "package-lock.json", spec_text, output)
+        code, output = await area.run([npm, "ci", *common], cwd=work, env=env, pass_fds=[fd])
         if code != 0:
             raise _npm_failure(spec_text, output, work / "home" / "cache" / "_logs")
     finally:
-        for fd in fds:
-            os.close(fd)
+        os.close(fd)
     modules = work / "node_modules"
     if modules.is_symlink() or not modules.is_dir():
         raise PackageFetchError(f"npm installed nothing for {spec_text}:\n{tail(output)}")
     return modules, output
+
+
+def _check_lock(lock_path: Path, spec_text: str, output: str) -> None:
+    """Refuse the lockfile npm wrote unless :func:`check_lockfile` passes, then replace it with
+    the checked copy in a new file harombe owns and the download user can only read: nothing
+    can edit it between the check and ``npm ci``. Blocking: run it in a thread."""
+    if lock_path.is_symlink() or not lock_path.is_file():
+        raise PackageFetchError(f"npm resolved nothing for {spec_text}:\n{tail(output)}")
+    raw = _read_capped(lock_path, LOCKFILE_MAX_BYTES + 1)
+    if len(raw) > LOCKFILE_MAX_BYTES:
+        raise PackageFetchError(f"the dependency tree of {spec_text} is too large")
+    try:
+        lock = json.loads(raw)
+    except ValueError as exc:
+        raise PackageFetchError(f"npm wrote an unreadable lockfile: {exc}") from None
+    count = check_lockfile(lock)
+    _write_new(lock_path, json.dumps(lock).encode())
+    log.debug("package.lock_checked", spec=spec_text, packages=count)
 
 
 def _write_new(path: Path, data: bytes) -> None:

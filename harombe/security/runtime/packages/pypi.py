@@ -8,9 +8,10 @@ pip never resolves here. harombe resolves itself, one level at a time:
 1. pip downloads exact registry requirements with ``--no-deps --only-binary=:all:`` for the
    sandbox's interpreter and platform — a plain name can only ever select a wheel, and pip
    reads no dependency metadata at all;
-2. harombe reads each wheel's ``METADATA`` as data (zip member, size-capped) and refuses the
-   whole install if any ``Requires-Dist`` is a direct URL, VCS or path reference — whether or
-   not its marker or extra applies — naming the distribution and the requirement;
+2. harombe reads each wheel's ``METADATA`` as data (zip member, size-capped, :mod:`.wheels`)
+   and refuses the whole install if any ``Requires-Dist`` is a direct URL, VCS or path
+   reference — whether or not its marker or extra applies — naming the distribution and the
+   requirement;
 3. the ``Requires-Dist`` lines that apply to the sandbox (markers evaluated for its Python and
    platform, extras as requested) become the next level's requirements.
 
@@ -18,6 +19,10 @@ pip runs under :class:`~.fetch_runner.FetchArea` (unprivileged, private
 home) inside a guard that refuses, in-process, to start any program or import any build tool,
 so even a pip that wanted to build could not. The final install inside the sandbox uses pip's
 real resolver, offline, over the wheels fetched here.
+
+pip downloads from this machine's pip configuration (index URLs, proxies, certificates), unless
+``index_urls`` are given (``security.sandbox.network.allowed_registries.pypi``): then from
+those alone, the first as the index and the others as extra indexes.
 """
 
 from __future__ import annotations
@@ -26,25 +31,19 @@ import asyncio
 import atexit
 import importlib.util
 import os
-import re
 import shutil
-import stat
 import sys
 import tempfile
-import zipfile
-from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from email.parser import HeaderParser
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from packaging.requirements import InvalidRequirement, Requirement
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
-from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
+from packaging.utils import canonicalize_name
 
-from harombe.errors import PackageFetchError, PackageSpecError
+from harombe.errors import PackageFetchError
 from harombe.security.runtime.packages.fetch_runner import (
     FILE_MAX_BYTES,
     FetchArea,
@@ -54,6 +53,8 @@ from harombe.security.runtime.packages.fetch_runner import (
 )
 from harombe.security.runtime.packages.pip_guard import GUARD_MARK as GUARD_MARK
 from harombe.security.runtime.packages.pip_guard import PIP_GUARD as PIP_GUARD
+from harombe.security.runtime.packages.wheels import Target as Target  # resolve()'s argument
+from harombe.security.runtime.packages.wheels import Want, Wheel, collect_wheels, stale, wanted
 
 log = structlog.get_logger(__name__)
 
@@ -61,10 +62,6 @@ MAX_ROUNDS = 40
 MAX_DISTRIBUTIONS = 400
 #: All wheels of one install together (they are copied into the sandbox through memory).
 DOWNLOAD_MAX_BYTES = 6 << 30
-METADATA_MAX_BYTES = 4 * 1024 * 1024
-#: Members a wheel may have (its central directory is parsed whole, as root); the largest
-#: wheels on public indexes have some tens of thousands.
-ZIP_MAX_MEMBERS = 200_000
 #: pip settings from this machine's configuration that are passed on: where to download from
 #: and how to connect. Anything else (no-binary, build options, targets) is dropped, so the
 #: configuration cannot turn the download into a build.
@@ -77,197 +74,8 @@ PIP_SETTINGS = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
-class Target:
-    """The sandbox interpreter and platform that wheels are chosen and markers judged for."""
-
-    python: str
-    machine: str
-    glibc: str
-
-    @property
-    def python_version(self) -> str:
-        return ".".join(self.python.split(".")[:2])
-
-    def marker_env(self) -> dict[str, str]:
-        """PEP 508 marker variables of the sandbox (not of the host)."""
-        full = self.python if self.python.count(".") >= 2 else f"{self.python_version}.0"
-        return {
-            "implementation_name": "cpython",
-            "implementation_version": full,
-            "os_name": "posix",
-            "platform_machine": self.machine,
-            "platform_release": "",
-            "platform_system": "Linux",
-            "platform_version": "",
-            "python_full_version": full,
-            "platform_python_implementation": "CPython",
-            "python_version": self.python_version,
-            "sys_platform": "linux",
-        }
-
-
-@dataclass(frozen=True)
-class Wheel:
-    """A downloaded wheel: its canonical name, version, file and dependency requirements."""
-
-    name: str
-    version: Version
-    path: Path
-    requires: tuple[Requirement, ...]
-
-    @property
-    def label(self) -> str:
-        return f"{self.name} {self.version}"
-
-
-@dataclass
-class Want:
-    """A distribution the tree needs: combined version range, extras, and who asked first."""
-
-    name: str
-    specifier: SpecifierSet
-    extras: set[str] = field(default_factory=set)
-    needed_by: str = "the request"
-
-    @property
-    def pip_text(self) -> str:
-        return f"{self.name}{self.specifier}"
-
-
-def _url_refusal(label: str, line: str, root: str) -> PackageSpecError:
-    return PackageSpecError(
-        f"{label} depends on {line.strip()!r}, a direct URL, VCS or path reference; harombe "
-        "installs registry releases only and never fetches or builds such a dependency on the "
-        f"host. Install a release of {root} whose dependencies are all published on the "
-        "package index (or publish the dependency there and depend on it by name)"
-    )
-
-
-def parse_requires(label: str, lines: Iterable[str], root: str) -> tuple[Requirement, ...]:
-    """``Requires-Dist`` lines of ``label`` as requirements; refuses URL/VCS/path references.
-
-    Refusal is unconditional — a reference under a marker or extra that does not apply here
-    still refuses — and so is an unreadable line (pip would read it its own way)."""
-    parsed: list[Requirement] = []
-    for line in lines:
-        try:
-            req = Requirement(line)
-        except InvalidRequirement as exc:
-            if "@" in line or "://" in line or re.search(r"\b(git|hg|svn|bzr)\+", line):
-                raise _url_refusal(label, line, root) from None
-            raise PackageSpecError(
-                f"{label} declares a dependency harombe cannot read ({line.strip()!r}: {exc}); "
-                f"install another release of {root}"
-            ) from None
-        if req.url is not None:
-            raise _url_refusal(label, line, root)
-        parsed.append(req)
-    return tuple(parsed)
-
-
-def applies(req: Requirement, env: Mapping[str, str], extra: str) -> bool:
-    """Whether ``req`` is needed in ``env`` when the depending distribution's ``extra`` ("" for
-    none) was requested."""
-    if req.marker is None:
-        return extra == ""
-    return req.marker.evaluate({**env, "extra": extra})
-
-
-def wanted(
-    root: Requirement,
-    picks: Mapping[str, Wheel],
-    env: Mapping[str, str],
-    constraints: Mapping[str, SpecifierSet] | None = None,
-) -> dict[str, Want]:
-    """Every distribution reachable from ``root`` through the wheels picked so far.
-
-    Pure. A distribution not picked yet is a leaf; its range combines every edge into it."""
-    wants: dict[str, Want] = {}
-    expanded: set[tuple[str, str]] = set()
-    queue: deque[tuple[Requirement, str]] = deque([(root, "the request")])
-    while queue:
-        req, needed_by = queue.popleft()
-        name = canonicalize_name(req.name)
-        want = wants.get(name)
-        if want is None:
-            base = (constraints or {}).get(name, SpecifierSet())
-            want = wants[name] = Want(name, base, needed_by=needed_by)
-        want.specifier &= req.specifier
-        want.extras |= {canonicalize_name(e) for e in req.extras}
-        pick = picks.get(name)
-        if pick is None:
-            continue
-        for extra in ("", *sorted(want.extras)):
-            if (name, extra) in expanded:
-                continue
-            expanded.add((name, extra))
-            queue.extend((dep, pick.label) for dep in pick.requires if applies(dep, env, extra))
-    return wants
-
-
-def stale(wants: Mapping[str, Want], picks: Mapping[str, Wheel]) -> list[Want]:
-    """Wanted distributions with no wheel yet, or whose wheel falls outside the range."""
-    return [
-        w
-        for name, w in wants.items()
-        if name not in picks or not w.specifier.contains(picks[name].version, prereleases=True)
-    ]
-
-
-def read_requires_dist(path: Path) -> list[str]:
-    """The ``Requires-Dist`` lines of the wheel at ``path``, read as data only.
-
-    The file is opened without following links and must be a regular file; the METADATA member
-    must sit in the wheel's single top-level ``.dist-info`` directory and be at most
-    ``METADATA_MAX_BYTES``."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as handle:
-        st = os.fstat(handle.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            # A hard link could be another file of the host's, not something pip downloaded.
-            raise PackageFetchError(f"{path.name} is not a regular file of pip's own")
-        try:
-            end = zipfile._EndRecData(handle)  # type: ignore[attr-defined]  # stable since 2.x
-            if end is None or end[zipfile._ECD_ENTRIES_TOTAL] > ZIP_MAX_MEMBERS:  # type: ignore[attr-defined]
-                raise zipfile.BadZipFile(f"not a zip, or over {ZIP_MAX_MEMBERS} members")
-            with zipfile.ZipFile(handle) as wheel:
-                members = [
-                    i
-                    for i in wheel.infolist()
-                    if re.fullmatch(r"[^/]+\.dist-info/METADATA", i.filename)
-                ]
-                if len(members) != 1 or members[0].file_size > METADATA_MAX_BYTES:
-                    raise PackageFetchError(
-                        f"{path.name} is not a valid wheel (no single, reasonably sized "
-                        ".dist-info/METADATA); install another release"
-                    )
-                with wheel.open(members[0]) as meta:
-                    raw = meta.read(METADATA_MAX_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
-            raise PackageFetchError(f"{path.name} is not a valid wheel: {exc}") from None
-    headers = HeaderParser().parsestr(raw[:METADATA_MAX_BYTES].decode("utf-8", "replace"))
-    return [str(v) for v in headers.get_all("Requires-Dist") or []]
-
-
-def collect_wheels(dest: Path, root: str) -> dict[str, Wheel]:
-    """The wheels pip left in ``dest`` (a directory harombe owns again), with requirements."""
-    found: dict[str, Wheel] = {}
-    if not dest.is_dir() or dest.is_symlink():
-        return found
-    for entry in os.scandir(dest):
-        if not entry.is_file(follow_symlinks=False) or not entry.name.endswith(".whl"):
-            raise PackageFetchError(
-                f"pip produced {entry.name!r}, which is not a wheel; harombe installs wheels only"
-            )
-        try:
-            name, version, _, _ = parse_wheel_filename(entry.name)
-        except InvalidWheelFilename as exc:
-            raise PackageFetchError(f"pip produced an invalid wheel name: {exc}") from None
-        label = f"{name} {version}"
-        requires = parse_requires(label, read_requires_dist(Path(entry.path)), root)
-        found[str(name)] = Wheel(str(name), version, Path(entry.path), requires)
-    return found
+#: Where pip downloads from; configured index URLs replace all of these.
+PIP_SOURCES = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX", "PIP_FIND_LINKS")
 
 
 def _pip_config() -> dict[str, str]:
@@ -299,12 +107,21 @@ def _pip_config() -> dict[str, str]:
 _CONFIG_LOCK = asyncio.Lock()
 
 
-async def pip_env(home: Path) -> dict[str, str]:
-    """The environment for the guarded pip: machine settings, no config files, no cache."""
+async def pip_env(home: Path, index_urls: Sequence[str] = ()) -> dict[str, str]:
+    """The environment for the guarded pip: machine settings, no config files, no cache.
+
+    ``index_urls`` (http(s) URLs, checked by the config) replace the machine's sources: the
+    first is ``PIP_INDEX_URL``, the rest ``PIP_EXTRA_INDEX_URL`` (pip splits it on spaces)."""
     async with _CONFIG_LOCK:  # the first call imports pip's loader (~0.2 s), once
         settings = await asyncio.to_thread(_pip_config)
     env = base_env(home)
     env.update(settings)
+    if index_urls:
+        for name in PIP_SOURCES:
+            env.pop(name, None)
+        env["PIP_INDEX_URL"] = index_urls[0]
+        if len(index_urls) > 1:
+            env["PIP_EXTRA_INDEX_URL"] = " ".join(index_urls[1:])
     env.update(
         PIP_CONFIG_FILE=os.devnull,
         PIP_NO_CACHE_DIR="1",
@@ -394,25 +211,40 @@ def pip_argv(
     return [*argv, "--", *(w.pip_text for w in wants)]
 
 
+@dataclass(frozen=True)
+class Download:
+    """What each level of a resolution downloads with: pip, the sandbox and the sources."""
+
+    area: FetchArea
+    runtime: PipRuntime
+    target: Target
+    platforms: Sequence[str]
+    index_urls: Sequence[str] = ()
+
+
 async def resolve(
     area: FetchArea,
     root_text: str,
     target: Target,
     platforms: Sequence[str],
     constraints: Sequence[str] = (),
+    *,
+    index_urls: Sequence[str] = (),
 ) -> list[Wheel]:
     """Wheels for ``root_text`` and everything it needs in ``target``; see the module docstring.
 
-    Raises :class:`PackageSpecError` for a URL/VCS/path reference anywhere in the tree, and
-    :class:`PackageFetchError` when a needed distribution has no wheel for the sandbox."""
+    ``constraints`` are extra version limits (``numpy<2``); ``index_urls`` the configured
+    indexes (empty: this machine's pip configuration). Raises :class:`PackageSpecError` for a
+    URL/VCS/path reference anywhere in the tree, and :class:`PackageFetchError` when a needed
+    distribution has no wheel for the sandbox."""
     root = Requirement(root_text)
     limits: dict[str, SpecifierSet] = {}
     for line in constraints:
         limit = Requirement(line)
         limits[canonicalize_name(limit.name)] = limit.specifier
     env_markers = target.marker_env()
+    download = Download(area, await pip_runtime(area), target, platforms, index_urls)
     picks: dict[str, Wheel] = {}
-    runtime = await pip_runtime(area)
     for _ in range(MAX_ROUNDS):
         wants = wanted(root, picks, env_markers, limits)
         if len(wants) > MAX_DISTRIBUTIONS:
@@ -423,27 +255,7 @@ async def resolve(
         todo = stale(wants, picks)
         if not todo:
             return [picks[name] for name in wants]
-        work = area.new_dir("pip")
-        dest = work / "wheels"  # made by pip, as the download user
-        code, output = await area.run(
-            pip_argv(runtime, todo, dest, target, platforms),
-            cwd=work,
-            env=await pip_env(work / "home"),
-        )
-        if code != 0:
-            raise _pip_failure(todo, target, output)
-        fetched = await asyncio.to_thread(collect_wheels, dest, root.name)
-        for want in todo:
-            got = fetched.get(want.name)
-            if got is None:
-                raise PackageFetchError(
-                    f"pip downloaded no wheel for {want.pip_text} (needed by {want.needed_by}):"
-                    f"\n{tail(output)}"
-                )
-            old = picks.get(want.name)
-            if old is not None and old.version == got.version:
-                raise PackageFetchError(f"could not settle a version of {want.pip_text}")
-            picks[want.name] = got
+        picks.update(await _fetch_level(download, todo, picks, root.name))
         total_bytes = sum(w.path.stat().st_size for w in picks.values())
         if total_bytes > DOWNLOAD_MAX_BYTES:
             raise PackageFetchError(
@@ -455,6 +267,35 @@ async def resolve(
         f"the dependencies of {root_text} did not settle within {MAX_ROUNDS} rounds; pin "
         "the versions of its dependencies"
     )
+
+
+async def _fetch_level(
+    download: Download, todo: Sequence[Want], picks: Mapping[str, Wheel], root: str
+) -> dict[str, Wheel]:
+    """One guarded ``pip download`` of ``todo``: the new pick for each of them."""
+    work = download.area.new_dir("pip")
+    dest = work / "wheels"  # made by pip, as the download user
+    code, output = await download.area.run(
+        pip_argv(download.runtime, todo, dest, download.target, download.platforms),
+        cwd=work,
+        env=await pip_env(work / "home", download.index_urls),
+    )
+    if code != 0:
+        raise _pip_failure(todo, download.target, output)
+    fetched = await asyncio.to_thread(collect_wheels, dest, root)
+    new: dict[str, Wheel] = {}
+    for want in todo:
+        got = fetched.get(want.name)
+        if got is None:
+            raise PackageFetchError(
+                f"pip downloaded no wheel for {want.pip_text} (needed by {want.needed_by}):"
+                f"\n{tail(output)}"
+            )
+        old = picks.get(want.name)
+        if old is not None and old.version == got.version:
+            raise PackageFetchError(f"could not settle a version of {want.pip_text}")
+        new[want.name] = got
+    return new
 
 
 def _pip_failure(todo: Sequence[Want], target: Target, output: str) -> PackageFetchError:
