@@ -26,6 +26,14 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
           ├── WorkspacePathError       path escapes /workspace (.., absolute, symlink out)
           ├── PackageSpecError         not a plain registry package spec, or unknown registry
           └── ApprovalDeniedError      a human (or an approver) said no, or did not answer in time
+
+A few exceptions are signals inside one module and never leave it
+(``tests/unit/test_architecture.py`` keeps their list; each module's tests show them caught):
+the wire codec's ``ProtocolError`` (the channel ends: ``SandboxLostError``), the analyzers'
+``JSSyntaxError`` / ``ShellSyntaxError`` (code that does not parse is a CRITICAL finding), the
+egress proxy's ``Refused`` / ``BadRequest`` (an HTTP refusal to the sandbox) and ``_Stalled`` (a
+tunnel closed), and the guest's own (``Refused``, ``Violation``: error replies inside the
+sandbox).
 """
 
 from __future__ import annotations

@@ -311,3 +311,34 @@ def test_modules_are_a_readable_size() -> None:
 def test_functions_are_a_readable_size() -> None:
     """No function is over ~60 lines, data tables aside."""
     assert list(_long_functions()) == []
+
+
+#: Exceptions that are signals inside one module and never reach a caller (errors.py says
+#: where each is caught); every other exception class harombe defines is a HarombeError.
+INTERNAL_EXCEPTIONS = {
+    "harombe.security.guest.wire.ProtocolError",
+    "harombe.security.guest.supervisor_paths.Refused",
+    "harombe.security.guest.supervisor_workers.Violation",
+    "harombe.security.policy.code_risk.javascript_tokens.JSSyntaxError",
+    "harombe.security.policy.code_risk.shell_syntax.ShellSyntaxError",
+    "harombe.security.runtime.egress.Refused",
+    "harombe.security.runtime.egress_http.BadRequest",
+    "harombe.security.runtime.egress_http._Stalled",
+    "harombe.testing.workspace.Refused",
+}
+
+
+def test_every_exception_is_in_the_error_tree_or_known_internal() -> None:
+    """A new exception class is a HarombeError (in errors.py's tree) or is listed above."""
+    outside = []
+    for name, path in ALL.items():
+        if name == "harombe.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = {ast.unparse(base).rpartition(".")[2] for base in node.bases}
+            foreign = bases & {"Exception", "ValueError", "RuntimeError", "KeyError", "OSError"}
+            if foreign and f"{name}.{node.name}" not in INTERNAL_EXCEPTIONS:
+                outside.append(f"{name}.{node.name}")
+    assert outside == []

@@ -16,11 +16,12 @@ private directory (:mod:`.fetch_runner`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import os
 import shutil
 import tarfile
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import structlog
@@ -100,6 +101,23 @@ def _owner(area: FetchArea) -> int:
     return area.identity.uid if area.identity.uid is not None else os.geteuid()
 
 
+@contextlib.asynccontextmanager
+async def _fetching(spec: PackageSpec, prefix: str) -> AsyncIterator[FetchArea]:
+    """A private download area for ``spec``, removed afterwards; the work in the block gets
+    ``FETCH_TIMEOUT_S`` (the tar of what it fetched included)."""
+    area = await asyncio.to_thread(FetchArea, prefix)
+    try:
+        async with asyncio.timeout(FETCH_TIMEOUT_S):
+            yield area
+    except TimeoutError:
+        raise PackageFetchError(
+            f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
+            "network and package index configuration"
+        ) from None
+    finally:
+        await asyncio.to_thread(area.close)
+
+
 async def fetch_pypi(
     spec: PackageSpec,
     *,
@@ -116,22 +134,13 @@ async def fetch_pypi(
     (:mod:`.pypi`); a URL, VCS or path dependency anywhere in the tree
     raises :class:`PackageSpecError`, a dependency without a wheel :class:`PackageFetchError`."""
     target = pypi_fetch.Target(python=python, machine=machine, glibc=glibc)
-    area = await asyncio.to_thread(FetchArea, "harombe-wheels-")
-    try:
-        async with asyncio.timeout(FETCH_TIMEOUT_S):
-            wheels = await pypi_fetch.resolve(
-                area, spec.text, target, manylinux_platforms(machine, glibc), constraints,
-                index_urls=index_urls,
-            )  # fmt: skip
+    async with _fetching(spec, "harombe-wheels-") as area:
+        wheels = await pypi_fetch.resolve(
+            area, spec.text, target, manylinux_platforms(machine, glibc), constraints,
+            index_urls=index_urls,
+        )  # fmt: skip
         log.debug("package.fetched", registry="pypi", spec=spec.text, files=len(wheels))
         return await asyncio.to_thread(_tar, [w.path for w in wheels], _owner(area))
-    except TimeoutError:
-        raise PackageFetchError(
-            f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
-            "network and package index configuration"
-        ) from None
-    finally:
-        await asyncio.to_thread(area.close)
 
 
 async def fetch_npm(spec: PackageSpec, *, registry: str | None = None) -> tuple[bytes, str]:
@@ -143,17 +152,8 @@ async def fetch_npm(spec: PackageSpec, *, registry: str | None = None) -> tuple[
             "npm is not installed on the host; harombe downloads npm packages with the host's "
             "npm (install it, e.g. `apt-get install npm`)"
         )
-    area = await asyncio.to_thread(FetchArea, "harombe-npm-")
-    try:
-        async with asyncio.timeout(FETCH_TIMEOUT_S):
-            modules, output = await npm_fetch.fetch_tree(area, npm, spec.text, registry=registry)
+    async with _fetching(spec, "harombe-npm-") as area:
+        modules, output = await npm_fetch.fetch_tree(area, npm, spec.text, registry=registry)
         archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()), _owner(area))
         log.debug("package.fetched", registry="npm", spec=spec.text)
         return archive, output
-    except TimeoutError:
-        raise PackageFetchError(
-            f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
-            "network and package index configuration"
-        ) from None
-    finally:
-        await asyncio.to_thread(area.close)
