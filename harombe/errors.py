@@ -1,7 +1,10 @@
 """Every exception harombe raises, and nothing else.
 
-Foreign errors (the Docker SDK's, the operating system's) are mapped to these in exactly one
-place, ``harombe.security.runtime.docker``. Each message says what went wrong *and* how to fix it.
+Errors of the Docker SDK and of the daemon's socket are mapped to these in one place: the
+Docker backend (``harombe.security.runtime.docker``'s ``ERROR_TABLE``, by type, and its socket
+helper ``docker_socket``). Other foreign errors — a config file that cannot be read, a cgroup
+that cannot be written, a download tool that fails — are mapped where they arise. Each
+message says what went wrong *and* how to fix it.
 
 User code that fails (non-zero exit, exception, timeout, out of memory) is never an exception: it
 comes back as data in the result. Only infrastructure faults, policy refusals and misuse raise::

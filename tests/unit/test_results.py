@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from harombe.config import Limits
-from harombe.errors import UsageError
-from harombe.security.runtime.runs import TRUNCATION_MARK, result_from_reply
+from harombe.errors import InfrastructureError
+from harombe.security.runtime.results import TRUNCATION_MARK, result_from_reply
 from harombe.security.runtime.sandbox import ExecutionResult
 
 BOX = SimpleNamespace(sandbox_id="sandbox-0123456789ab", runtime="runsc")
@@ -124,5 +124,5 @@ def test_session_fields_and_warnings_are_carried() -> None:
 
 def test_a_refusal_is_a_usage_error() -> None:
     """A ``result`` reply instead of ``done`` (the supervisor refused the run) raises."""
-    with pytest.raises(UsageError, match="sandbox refused the run: a run is active"):
+    with pytest.raises(InfrastructureError, match="sandbox refused the run: a run is active"):
         mapped({"op": "result", "ok": False, "error": "Busy", "message": "a run is active"}, b"")

@@ -21,7 +21,7 @@ from harombe.images import debian_mirror
 from harombe.security.docker_manager import translate
 from harombe.security.guest import FILE_PARTS, load
 from harombe.security.runtime.channel import FrameDecoder, encode
-from harombe.security.runtime.runs import _decode
+from harombe.security.runtime.results import _decode
 from harombe.security.runtime.sandbox import (
     RUN_ENV,
     argv_for,

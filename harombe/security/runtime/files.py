@@ -11,10 +11,10 @@ regular files and never block; writes replace the file atomically; listings are 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from harombe.config import Limits
-from harombe.errors import FileError, UsageError, WorkspacePathError
+from harombe.errors import FileError, SandboxLostError, UsageError, WorkspacePathError
 from harombe.security.policy.paths import WORKSPACE, workspace_relative
 from harombe.security.runtime.sandbox import Sandbox
 
@@ -46,6 +46,41 @@ def checked_relative(path: str, *, allow_root: bool = False) -> str:
             f"path is {depth} directories deep, over {MAX_PATH_DEPTH}; use a shallower path"
         )
     return rel
+
+
+#: The fields of a listing entry and their types: a forged entry keeps nothing else.
+ENTRY_FIELDS: dict[str, type] = {
+    "name": str, "type": str, "size": int, "target": str, "target_truncated": bool,
+    "name_undecodable": bool, "target_undecodable": bool,
+}  # fmt: skip
+
+
+def checked_listing(reply: dict[str, Any]) -> DirListing:
+    """The listing in a ``list`` reply, every entry checked field by field; ``ValueError`` /
+    ``TypeError`` for a reply outside the protocol (it comes from inside the sandbox)."""
+    raw = reply.get("entries")
+    total = reply.get("total")
+    if not isinstance(raw, list) or type(total) is not int or len(raw) > MAX_LIST_ENTRIES:
+        raise ValueError("entries must be a list of at most MAX_LIST_ENTRIES, total a count")
+    entries = [_checked_entry(entry) for entry in raw]
+    total = max(total, len(entries))
+    truncated = reply.get("truncated") is True or total > len(entries)
+    return DirListing(entries=entries, total=total, truncated=truncated)
+
+
+def _checked_entry(entry: object) -> dict[str, Any]:
+    if not isinstance(entry, dict) or not {"name", "type"} <= entry.keys() <= ENTRY_FIELDS.keys():
+        raise ValueError(f"an entry that is not a name and a type: {str(entry)[:80]}")
+    for key, value in entry.items():
+        if type(value) is not ENTRY_FIELDS[key] or (type(value) is int and value < 0):
+            raise TypeError(f"an entry whose {key} is {str(value)[:40]!r}")
+    return dict(entry)
+
+
+async def _broken(box: Sandbox, what: str) -> NoReturn:
+    """``box`` sent a reply outside the protocol: never trusted again (lost)."""
+    await box.channel.close()
+    raise SandboxLostError(f"sandbox {box.sandbox_id} broke the protocol: a malformed {what}")
 
 
 class Files:
@@ -81,7 +116,10 @@ class Files:
         async with box.lock:
             msg = {"op": "write", "root": WORKSPACE, "path": rel}
             reply, _ = await self.request(box, msg, data)
-        return int(reply["bytes"])
+            written = reply.get("bytes")
+            if type(written) is not int or not 0 <= written <= len(data):
+                await _broken(box, f"write reply ({str(written)[:40]!r} bytes written)")
+        return int(str(written))
 
     async def read(self, box: Sandbox, file_path: str) -> bytes:
         """The bytes of regular file ``/workspace/<file_path>`` (at most ``max_file_bytes``;
@@ -104,10 +142,10 @@ class Files:
         async with box.lock:
             msg = {"op": "list", "root": WORKSPACE, "path": rel, "max_entries": MAX_LIST_ENTRIES}
             reply, _ = await self.request(box, msg)
-        entries = list(reply.get("entries", ()))[:MAX_LIST_ENTRIES]
-        total = max(int(reply.get("total", len(entries))), len(entries))
-        truncated = bool(reply.get("truncated")) or total > len(entries)
-        return DirListing(entries=entries, total=total, truncated=truncated)
+            try:
+                return checked_listing(reply)
+            except (TypeError, ValueError) as exc:
+                await _broken(box, f"listing ({exc})")
 
     async def untar(self, box: Sandbox, archive: bytes, *, root: str) -> None:
         """Unpack a host-made tar.gz below ``root`` inside the sandbox (caller holds the lock)."""

@@ -12,6 +12,7 @@ remembered and retried when it answers.
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,10 +35,13 @@ from harombe.security.runtime.channel import Channel, blob_cap_bytes
 from harombe.security.runtime.network import CA_BUNDLE, Lease, SandboxNetworks
 from harombe.security.runtime.runs import Runs
 from harombe.security.runtime.sandbox import (
+    LABEL_MANAGED,
+    LABEL_OWNER,
     SESSION_LANGUAGES,
     Sandbox,
     container_spec,
     new_sandbox_id,
+    owner_is_gone,
 )
 from harombe.security.runtime.tasks import Background, settle
 
@@ -259,6 +263,20 @@ class Launcher:
         for container_id in list(self.unremoved):
             self.unremoved.discard(container_id)
             self.background.spawn(self.remove(container_id), name=f"remove-{container_id[:12]}")
+
+    async def sweep_orphans(self) -> int:
+        """Remove containers whose owning harombe process is gone; how many were removed."""
+        found = await self._docker.list_containers({LABEL_MANAGED: "1"})
+        host = socket.gethostname()
+        orphans = [c for c in found if owner_is_gone(c.labels.get(LABEL_OWNER, ""), hostname=host)]
+        await asyncio.gather(*(self._docker.remove_container(c.id) for c in orphans))
+        if orphans:
+            log.info("sandbox.orphans_removed", count=len(orphans))
+        # Their networks (and firewall rules) go after them: a network in use cannot be removed.
+        await self._networks.sweep(
+            lambda labels: owner_is_gone(labels.get(LABEL_OWNER, ""), hostname=host)
+        )
+        return len(orphans)
 
     async def detach(self, sandbox_id: str) -> None:
         """Take a sandbox's network down; Docker being away leaves it for stop()'s sweep."""

@@ -1,13 +1,8 @@
-"""Sandbox registry and lifecycle, and the operations on sandboxes by id.
-
-A sandbox is a gVisor container whose PID 1 is harombe's supervisor. The manager owns the
-registry of live sandboxes and their lifecycle (start, sweep, create, replace, destroy, stop);
-it hands each call to the collaborator that does it — :class:`~.launcher.Launcher` (container
-start-up), :class:`~.runs.Runs`, :class:`~.files.Files`, :class:`~.installs.Installs` — which
-take the sandbox, never the manager, so a call travels one way. Calls on one sandbox are
-serialised by its lock; calls on different sandboxes run concurrently. Every container carries
-harombe labels: :meth:`SandboxManager.stop` removes this manager's, and
-:meth:`SandboxManager.start` removes those left behind by a process that no longer exists.
+"""Sandbox registry and lifecycle (start, sweep, create, replace, destroy, stop), and the
+operations on sandboxes by id, each handed to the collaborator that does it — ``Launcher``,
+``Runs``, ``Files``, ``Installs`` — which take the sandbox, never the manager: a call travels
+one way. Calls on one sandbox are serialised by its lock. Every container carries harombe
+labels: ``stop()`` removes this manager's, ``start()`` those of processes that are gone.
 """
 
 from __future__ import annotations
@@ -15,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Hashable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import structlog
@@ -50,7 +44,8 @@ from harombe.security.runtime.launcher import Launcher
 from harombe.security.runtime.network import SandboxNetworks
 from harombe.security.runtime.pool import WarmPool
 from harombe.security.runtime.preflight import check_runtimes
-from harombe.security.runtime.runs import Runs, effective_timeout, lost_result
+from harombe.security.runtime.results import lost_result
+from harombe.security.runtime.runs import Runs, effective_timeout
 from harombe.security.runtime.sandbox import (
     LABEL_MANAGED,
     LABEL_MANAGER,
@@ -58,7 +53,6 @@ from harombe.security.runtime.sandbox import (
     ExecutionResult,
     Sandbox,
     check_sandbox_id,
-    owner_is_gone,
     process_owner,
 )
 from harombe.security.runtime.tasks import settle
@@ -110,6 +104,8 @@ class SandboxManager:
         self._sandboxes: dict[str, Sandbox] = {}
         self._replaced: dict[str, str] = {}
         self._launches: set[asyncio.Future[Sandbox]] = set()
+        self._called_off: set[asyncio.Future[Sandbox]] = set()  # launches stop() cancelled
+        self._lost: dict[str, str] = {}  # lost sandbox -> why, until its replacement is known
         self._started = False
         cfg = self.sandbox_config
         self.networks = SandboxNetworks(
@@ -128,15 +124,12 @@ class SandboxManager:
         self.pool = self._new_pool()
 
     def _new_pool(self) -> WarmPool:
-        pool = self.sandbox_config.pool
+        pool, launcher = self.sandbox_config.pool, self.launcher
+        # The pool talks to the launcher only; its key starts with the language (pool_key).
         return WarmPool(
-            self._launch_pooled, self.launcher.discard, size=pool.size, max_age_s=pool.max_age_s,
-            probe=self.launcher.answers,
+            lambda key: launcher.launch_pooled(key[0]),  # type: ignore[index]
+            launcher.discard, size=pool.size, max_age_s=pool.max_age_s, probe=launcher.answers,
         )  # fmt: skip
-
-    async def _launch_pooled(self, key: Hashable) -> Sandbox:
-        language: Language = key[0]  # type: ignore[index]
-        return await self.launcher.launch_pooled(language)
 
     def pool_key(self, language: Language) -> tuple[str, ...]:
         """The warm-pool key of ``language``'s sandboxes: language, image, runtime and limits."""
@@ -187,24 +180,15 @@ class SandboxManager:
         log.info("sandbox_manager.started", runtime=cfg.runtime, manager_id=self.manager_id)
 
     async def sweep_orphans(self) -> int:
-        """Remove containers whose owning harombe process is gone; how many were removed."""
-        found = await self.docker.list_containers({LABEL_MANAGED: "1"})
-        host = socket.gethostname()
-        orphans = [c for c in found if owner_is_gone(c.labels.get(LABEL_OWNER, ""), hostname=host)]
-        await asyncio.gather(*(self.docker.remove_container(c.id) for c in orphans))
-        if orphans:
-            log.info("sandbox.orphans_removed", count=len(orphans))
-        # Their networks (and firewall rules) go after them: a network in use cannot be removed.
-        await self.networks.sweep(
-            lambda labels: owner_is_gone(labels.get(LABEL_OWNER, ""), hostname=host)
-        )
-        return len(orphans)
+        """Remove containers (and networks) whose owning harombe process is gone; how many."""
+        return await self.launcher.sweep_orphans()
 
     async def stop(self) -> None:
         """Destroy every sandbox this manager created, and every container and network labelled
         with its id (also ones a failed or cancelled create left)."""
         self._started = False
         while self._launches:  # called off: each removes what it had made before it ends
+            self._called_off |= self._launches
             for launch in self._launches:
                 launch.cancel()
             await asyncio.wait(set(self._launches))
@@ -221,6 +205,11 @@ class SandboxManager:
             await self.networks.close()
             # Networks no lease knows of any more (a detach that failed while Docker was away).
             await self.networks.sweep(lambda labels: labels.get(LABEL_MANAGER) == self.manager_id)
+        elif boxes or self.launcher.unremoved:
+            log.warning("sandbox_manager.containers_left", fix="start Docker and call stop() "
+                        "again, or the next start() sweeps them",
+                        containers=sorted(b.container_id[:12] for b in boxes))  # fmt: skip
+            boxes = []
         log.info("sandbox_manager.stopped", removed=len(boxes))
 
     def get(self, sandbox_id: str) -> Sandbox:
@@ -259,6 +248,8 @@ class SandboxManager:
             box = await self.pool.claim(self.pool_key(language))
             if box is not None:
                 log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
+        if box is None and not self._started:  # stop() ran during the claim: make nothing
+            raise UsageError(STOPPED_DURING_CREATE)
         if box is None:
             launch = asyncio.ensure_future(self.launcher.launch(
                 language, network_enabled=network_enabled, allowed_domains=allowed_domains
@@ -269,9 +260,11 @@ class SandboxManager:
                 box = await launch
             except asyncio.CancelledError:
                 task = asyncio.current_task()
-                if launch.cancelled() and task is not None and not task.cancelling():
+                if launch in self._called_off and task is not None and not task.cancelling():
                     raise UsageError(STOPPED_DURING_CREATE) from None  # stop(), not our caller
                 raise
+            finally:
+                self._called_off.discard(launch)
         if not self._started:  # stop() ran while it was claimed: it is nobody's
             await settle(self.launcher.discard(box))
             raise UsageError(STOPPED_DURING_CREATE)
@@ -351,10 +344,14 @@ class SandboxManager:
 
     def _check_still_live(self, box: Sandbox) -> None:
         """A sandbox destroyed (or its manager stopped) under a call is not replaced."""
-        if self._sandboxes.get(box.sandbox_id) is not box:
-            raise SandboxNotFoundError(
-                f"Sandbox not found: {box.sandbox_id} was destroyed during the call"
-            )
+        sid = box.sandbox_id
+        if self._sandboxes.get(sid) is box:
+            return
+        if sid in self._lost or sid in self._replaced:  # another call found it dead first
+            by = f"; sandbox {self._replaced[sid]} replaces it" if sid in self._replaced else ""
+            raise SandboxLostError(f"sandbox {sid} was lost ({self._lost.get(sid, '')}){by}")
+        why = "the sandbox manager was stopped" if not self._started else "it was destroyed"
+        raise SandboxNotFoundError(f"Sandbox not found: {sid} is gone: {why} during the call")
 
     @contextlib.asynccontextmanager
     async def _dropped_if_lost(self, box: Sandbox) -> AsyncIterator[None]:
@@ -364,6 +361,7 @@ class SandboxManager:
         except SandboxLostError as exc:
             self._check_still_live(box)
             self._sandboxes.pop(box.sandbox_id, None)
+            self._lost[box.sandbox_id] = str(exc)
             await settle(self.launcher.discard(box))
             raise SandboxLostError(
                 f"{exc}; sandbox {box.sandbox_id} and its files are gone: create a new one"
@@ -380,6 +378,7 @@ class SandboxManager:
         same language and network, and return the call's result saying so."""
         reason = str(exc)
         self._sandboxes.pop(box.sandbox_id, None)
+        self._lost[box.sandbox_id] = reason
         await settle(self.launcher.scrap(box.channel, box.container_id))
         await settle(self.launcher.detach(box.sandbox_id))
         try:
@@ -394,6 +393,7 @@ class SandboxManager:
                 f"started: {err}"
             ) from err
         self._replaced[box.sandbox_id] = replacement.sandbox_id
+        self._lost.pop(box.sandbox_id, None)
         log.warning("sandbox.lost", sandbox_id=box.sandbox_id,
                     replacement=replacement.sandbox_id, reason=reason)  # fmt: skip
         return lost_result(box, replacement.sandbox_id, reason, language=language,

@@ -10,7 +10,6 @@ it is the manager's business, not this module's.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import math
 import time
 from typing import Any
@@ -23,6 +22,7 @@ from harombe.security.runtime.backend import DockerBackend
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.output_guard import GuardedOutput
 from harombe.security.runtime.preflight import GVISOR_RUNTIMES
+from harombe.security.runtime.results import result_from_reply
 from harombe.security.runtime.sandbox import (
     RUN_ENV,
     SESSION_LANGUAGES,
@@ -35,14 +35,6 @@ REPLY_SLACK_S = 15.0
 #: While a reply is awaited longer than this, the container's state is checked this often, so
 #: a sandbox paused or stopped from outside is found in seconds, not at the reply timeout.
 LIVENESS_POLL_S = 2.0
-TRUNCATION_MARK = "\n[OUTPUT TRUNCATED]"
-
-
-def _decode(data: bytes, total: int) -> tuple[str, bool]:
-    truncated = total > len(data)
-    # An incremental decoder drops a multi-byte character cut in half by the byte cap.
-    text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not truncated)
-    return (text + TRUNCATION_MARK if truncated else text), truncated
 
 
 class LivenessWatch:
@@ -130,114 +122,6 @@ def effective_timeout(limits: Limits, timeout_s: float | None) -> tuple[float, l
             "ceiling; raise security.sandbox.limits.max_timeout_s to allow longer calls)"
         ]
     return float(timeout_s), []
-
-
-def _error_of(status: str, exit_code: int, limits: Limits) -> str | None:
-    if status == "timeout":
-        return "TimeoutError"
-    if status == "oom":
-        return (
-            f"MemoryError: the run used more than max_memory_mb={limits.max_memory_mb} "
-            "and was killed"
-        )
-    if status == "cancelled":
-        return "CancelledError: the run was cancelled"
-    if exit_code != 0:
-        return f"process exited with code {exit_code}"
-    return None
-
-
-def _count(reply: dict[str, Any], key: str, *, low: int = 0) -> int:
-    """``reply[key]``, an integer in range (bool and float are not counts)."""
-    value = reply[key]
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value < 2**63:
-        raise ValueError(f"a done reply whose {key} is {str(value)[:40]!r}")
-    return value
-
-
-def _amount(reply: dict[str, Any], key: str) -> float:
-    """``reply[key]`` (absent: 0), a finite number of at least 0."""
-    value = reply.get(key, 0.0)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"a done reply whose {key} is {str(value)[:40]!r}")
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"a done reply whose {key} is {value!r}")
-    return float(value)
-
-
-def result_from_reply(
-    box: Sandbox,
-    reply: dict[str, Any],
-    blob: bytes,
-    *,
-    language: str,
-    timeout_s: float,
-    elapsed_s: float,
-    limits: Limits,
-    warnings: list[str] | None = None,
-) -> ExecutionResult:
-    """The result of a run from the supervisor's ``done`` reply and its output blob. Pure.
-
-    The reply comes from inside the sandbox: a field of the wrong type or out of range raises
-    ``ValueError`` / ``TypeError`` (the caller treats the sandbox as broken)."""
-    if reply.get("op") != "done":
-        raise UsageError(f"sandbox refused the run: {reply.get('message')}")
-    out_len = _count(reply, "stdout_len")
-    stdout_total, stderr_total = _count(reply, "stdout_total"), _count(reply, "stderr_total")
-    stdout, out_cut = _decode(blob[:out_len], stdout_total)
-    stderr, err_cut = _decode(blob[out_len:], stderr_total)
-    status = str(reply["status"])
-    exit_code = -1 if status == "timeout" else _count(reply, "exit_code", low=-(2**31))
-    result, warnings_in = reply.get("result"), reply.get("warnings") or []
-    if not (result is None or isinstance(result, str)) or not isinstance(warnings_in, list):
-        raise TypeError("a done reply whose result is not text or whose warnings are no list")
-    if status == "timeout":
-        stderr += f"\n[harombe] execution timed out after {timeout_s:g}s"
-    return ExecutionResult(
-        success=status == "ok",
-        sandbox_id=box.sandbox_id,
-        stdout=stdout,
-        stderr=stderr,
-        exit_code=exit_code,
-        execution_time=round(elapsed_s, 6),
-        error=_error_of(status, exit_code, limits),
-        status=status,
-        language=language,
-        runtime=box.runtime,
-        stdout_truncated=out_cut,
-        stderr_truncated=err_cut,
-        stdout_bytes=stdout_total,
-        stderr_bytes=stderr_total,
-        cpu_s=_amount(reply, "cpu_s"),
-        peak_memory_mb=_amount(reply, "peak_memory_mb"),
-        timeout_s=timeout_s,
-        warnings=list(warnings or []) + [str(w) for w in warnings_in],
-        result=result,
-        state_lost=bool(reply.get("state_lost")),
-        stateful=bool(reply.get("session")),
-    )
-
-
-def lost_result(
-    box: Sandbox, replacement_id: str, reason: str, *, language: str, elapsed_s: float
-) -> ExecutionResult:
-    """The result of a call whose sandbox ``box`` died, replaced by ``replacement_id``."""
-    return ExecutionResult(
-        success=False,
-        sandbox_id=replacement_id,
-        stdout="",
-        stderr="",
-        exit_code=-1,
-        execution_time=round(elapsed_s, 6),
-        error=(
-            f"SandboxLostError: {reason}; its files and state are gone, and sandbox "
-            f"{replacement_id} replaces it"
-        ),
-        status="lost",
-        language=language,
-        runtime=box.runtime,
-        replaced_sandbox_id=box.sandbox_id,
-    )
 
 
 class Runs:
@@ -366,7 +250,7 @@ class Runs:
                 box, reply, blob, language=language, timeout_s=timeout_s,
                 elapsed_s=time.perf_counter() - started, limits=limits, warnings=warnings,
             )  # fmt: skip
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, ArithmeticError) as exc:
             # Like a frame out of bounds: the sandbox broke the protocol, so it is never
             # trusted again (lost, and replaced by the manager).
             await box.channel.close()
