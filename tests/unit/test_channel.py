@@ -15,15 +15,6 @@ from harombe.security.runtime.channel import Channel
 from harombe.testing import FakeDocker, FakeGuest, RunOutcome
 
 
-@pytest.fixture
-async def docker() -> AsyncIterator[FakeDocker]:
-    fake = FakeDocker()
-    await fake.start()
-    yield fake
-    for container in fake.containers.values():
-        container.guest.stop()  # no run is left waiting after the test
-
-
 class Gate:
     """A run handler that reports each run it enters and holds it until released."""
 

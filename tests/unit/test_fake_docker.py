@@ -7,7 +7,7 @@ import asyncio
 import io
 import tarfile
 import textwrap
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +27,6 @@ from harombe.testing import FakeDocker, FakeGuest, FakeStdio, RunOutcome, code_o
 
 GUEST = Path(__file__).resolve().parents[2] / "harombe" / "security" / "guest"
 Frame = tuple[dict[str, Any], bytes]
-
-
-@pytest.fixture
-async def docker() -> AsyncIterator[FakeDocker]:
-    fake = FakeDocker()
-    await fake.start()
-    yield fake
-    for container in fake.containers.values():
-        container.guest.stop()  # no run is left waiting after the test
 
 
 class Wire:

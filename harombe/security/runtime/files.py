@@ -48,6 +48,9 @@ def checked_relative(path: str, *, allow_root: bool = False) -> str:
     return rel
 
 
+#: How much of an error reply's kind and message reaches the caller.
+MAX_KIND_CHARS = 80
+MAX_MESSAGE_CHARS = 2000
 #: The fields of a listing entry and their types: a forged entry keeps nothing else.
 ENTRY_FIELDS: dict[str, type] = {
     "name": str, "type": str, "size": int, "target": str, "target_truncated": bool,
@@ -97,7 +100,9 @@ class Files:
         reply, data = await box.channel.request(msg, blob, timeout_s=FILE_TIMEOUT_S)
         if reply.get("ok"):
             return reply, data
-        kind, text = reply.get("error"), reply.get("message", "")
+        # From inside the sandbox: any type, any size (up to the frame cap); cut to a sentence.
+        kind = str(reply.get("error"))[:MAX_KIND_CHARS]
+        text = str(reply.get("message", ""))[:MAX_MESSAGE_CHARS]
         if kind == "WorkspacePathError":
             raise WorkspacePathError(text)
         raise FileError(f"{kind}: {text}")
@@ -117,9 +122,11 @@ class Files:
             msg = {"op": "write", "root": WORKSPACE, "path": rel}
             reply, _ = await self.request(box, msg, data)
             written = reply.get("bytes")
-            if type(written) is not int or not 0 <= written <= len(data):
+            if isinstance(written, bool) or not isinstance(written, int):
                 await _broken(box, f"write reply ({str(written)[:40]!r} bytes written)")
-        return int(str(written))
+            if not 0 <= written <= len(data):
+                await _broken(box, f"write reply ({written} of {len(data)} bytes written)")
+        return written
 
     async def read(self, box: Sandbox, file_path: str) -> bytes:
         """The bytes of regular file ``/workspace/<file_path>`` (at most ``max_file_bytes``;

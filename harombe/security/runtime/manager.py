@@ -219,14 +219,12 @@ class SandboxManager:
         if box is not None:
             return box
         if sandbox_id in self._replaced:
-            raise SandboxNotFoundError(
-                f"Sandbox not found: {sandbox_id} was lost and replaced by "
-                f"{self._replaced[sandbox_id]}; use that id"
-            )
-        raise SandboxNotFoundError(
-            f"Sandbox not found: {sandbox_id} does not exist or was destroyed; "
-            "create a new one with code_execute"
-        )
+            why = f"was lost and replaced by {self._replaced[sandbox_id]}; use that id"
+        elif sandbox_id in self._lost:  # a file call found it dead: no replacement
+            why = f"was lost ({self._lost[sandbox_id]}); create a new one with code_execute"
+        else:
+            why = "does not exist or was destroyed; create a new one with code_execute"
+        raise SandboxNotFoundError(f"Sandbox not found: {sandbox_id} {why}")
 
     async def create_sandbox(
         self,
@@ -242,34 +240,35 @@ class SandboxManager:
             raise UsageError(
                 f"unknown language {str(language)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
-        box = None
-        if not network_enabled:
-            # Only a sandbox that answers; also starts a refill: the pool fills after first use.
-            box = await self.pool.claim(self.pool_key(language))
-            if box is not None:
-                log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
-        if box is None and not self._started:  # stop() ran during the claim: make nothing
-            raise UsageError(STOPPED_DURING_CREATE)
-        if box is None:
-            launch = asyncio.ensure_future(self.launcher.launch(
+        # Only a sandbox that answers; a claim also starts a refill: the pool fills after use.
+        box = None if network_enabled else await self.pool.claim(self.pool_key(language))
+        if box is not None:
+            log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
+        if box is None and self._started:
+            box = await self._launch(
                 language, network_enabled=network_enabled, allowed_domains=allowed_domains
-            ))  # fmt: skip
-            self._launches.add(launch)  # stop() calls it off; the launch removes what it made
-            launch.add_done_callback(self._launches.discard)
-            try:
-                box = await launch
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if launch in self._called_off and task is not None and not task.cancelling():
-                    raise UsageError(STOPPED_DURING_CREATE) from None  # stop(), not our caller
-                raise
-            finally:
-                self._called_off.discard(launch)
-        if not self._started:  # stop() ran while it was claimed: it is nobody's
-            await settle(self.launcher.discard(box))
+            )
+        if not self._started:  # stop() ran meanwhile: what was claimed is nobody's
+            if box is not None:
+                await settle(self.launcher.discard(box))
             raise UsageError(STOPPED_DURING_CREATE)
         self._sandboxes[box.sandbox_id] = box
         return box
+
+    async def _launch(self, language: Language, **options: Any) -> Sandbox:
+        """``launcher.launch``, tracked: ``stop()`` calls it off; its caller gets UsageError."""
+        launch = asyncio.ensure_future(self.launcher.launch(language, **options))
+        self._launches.add(launch)
+        launch.add_done_callback(self._launches.discard)
+        try:
+            return await launch
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if launch in self._called_off and task is not None and not task.cancelling():
+                raise UsageError(STOPPED_DURING_CREATE) from None
+            raise
+        finally:
+            self._called_off.discard(launch)
 
     async def destroy_sandbox(self, sandbox_id: str) -> None:
         """Remove the sandbox's container; its id is unknown afterwards."""

@@ -169,7 +169,7 @@ class Runs:
             raise UsageError(
                 f"unknown language {str(lang)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
-        check_timeout(timeout_s)
+        timeout, warnings = effective_timeout(self.limits, timeout_s)  # checks it, too
         if not isinstance(code, str):
             raise UsageError(f"code must be a string, got {type(code).__name__}")
         if not box.has(INTERPRETERS[lang]):
@@ -177,7 +177,6 @@ class Runs:
                 f"{lang} is not available in sandbox {box.sandbox_id}: its image {box.image} "
                 f"has no {INTERPRETERS[lang]}; create a sandbox for {lang} instead"
             )
-        timeout, warnings = effective_timeout(self.limits, timeout_s)
         stateful = self._config.stateful if fresh is None else not fresh
         session = stateful and lang in SESSION_LANGUAGES
         try:
