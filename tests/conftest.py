@@ -14,9 +14,14 @@ from harombe.tools.code_execution import CodeExecutionTools
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "docker_manager" in getattr(item, "fixturenames", ()) or "tests/integration" in str(
-            item.fspath
-        ):
+        uses_docker = "docker_manager" in getattr(item, "fixturenames", ())
+        if uses_docker and "tests/unit/" in str(item.fspath):
+            # Marked integration, it would be deselected by `scripts/test.sh --unit` in silence.
+            raise pytest.UsageError(
+                f"{item.nodeid} uses Docker, but tests/unit needs none; move it to "
+                "tests/integration or use harombe.testing.FakeDocker"
+            )
+        if uses_docker or "tests/integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
 
 

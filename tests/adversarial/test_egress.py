@@ -409,13 +409,21 @@ async def test_connections_past_the_cap_are_refused(origin: Origin) -> None:
 async def test_foreign_client_is_refused_before_reading(origin: Origin) -> None:
     """A peer that is not the proxy's own sandbox gets 403 and the audit names it, not the
     proxy's sandbox."""
-    proxy = EgressProxy(lambda client: None, identify=lambda client: "sandbox-intruder")
+    lookups: list[str] = []
+
+    async def resolve(host: str, port: int) -> list[str]:  # never a real lookup, even if broken
+        lookups.append(host)
+        return []
+
+    proxy = EgressProxy(lambda client: None, identify=lambda client: "sandbox-intruder",
+                        resolver=resolve)  # fmt: skip
     with capture_events() as events:
         reply = await exchange(proxy, o("CONNECT allowed.test:PORT HTTP/1.1\r\n\r\n", origin))
     assert reply.startswith(b"HTTP/1.1 403") and b"serves another sandbox" in reply
     (event,) = [e for e in events if e["event"] == "egress.refused"]
     assert event["sandbox_id"] == "sandbox-intruder" and event["client"] == "127.0.0.1"
     assert origin.received == []
+    assert lookups == []
 
 
 # --- real sandboxes: one sandbox against another's proxy, and descriptor exhaustion --------

@@ -187,3 +187,42 @@ def test_bad_registry_urls_are_refused(registries: dict, needle: str) -> None:
     data = {"security": {"sandbox": {"network": {"allowed_registries": registries}}}}
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         parse_config(data)
+
+
+@pytest.mark.parametrize(
+    ("user", "ok"),
+    [("1000:1000", True), ("2147483646:1", True), ("2147483647:1", False),
+     ("1:2147483647", False), ("0:1000", False), ("1000:0", False), ("root", False),
+     ("", False), ("1000", False), ("1:2:3", False), ("١٠٠٠:١٠٠٠", False)],
+    ids=["default", "largest-uid", "uid-2^31-1", "gid-2^31-1", "root-uid", "root-gid", "name",
+         "empty", "no-gid", "three-parts", "arabic-digits"],
+)  # fmt: skip
+def test_the_sandbox_user_is_numeric_below_2_31_and_never_root(user: str, ok: bool) -> None:
+    """security.sandbox.user is 'uid:gid' in ASCII digits, neither 0, both below 2**31 - 1."""
+    data = {"security": {"sandbox": {"user": user}}}
+    if ok:
+        assert parse_config(data).security.sandbox.user == user
+    else:
+        with pytest.raises(ConfigError, match=r"security\.sandbox\.user"):
+            parse_config(data)
+
+
+@pytest.mark.parametrize(
+    ("urls", "ok"),
+    [([f"https://m.example/{'a' * (2048 - 18)}"], True),
+     ([f"https://m.example/{'a' * (2049 - 18)}"], False),
+     ([f"https://m{i}.example/simple" for i in range(16)], True),
+     ([f"https://m{i}.example/simple" for i in range(17)], False)],
+    ids=["url-2048", "url-2049", "16-urls", "17-urls"],
+)  # fmt: skip
+def test_registry_urls_are_capped_at_2048_characters_and_16_entries(
+    urls: list[str], ok: bool
+) -> None:
+    """A registry URL may be 2048 characters long and a registry may list 16, not more."""
+    assert len(urls[0]) in (2048, 2049) or len(urls) in (16, 17)
+    data = {"security": {"sandbox": {"network": {"allowed_registries": {"pypi": urls}}}}}
+    if ok:
+        assert parse_config(data).security.sandbox.network.registry_urls("pypi") == tuple(urls)
+    else:
+        with pytest.raises(ConfigError, match=r"allowed_registries\.pypi"):
+            parse_config(data)

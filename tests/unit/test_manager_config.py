@@ -3,6 +3,7 @@ that says "off" is obeyed with an error that says how to turn it on."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,7 +51,22 @@ async def test_without_a_config_the_environment_is_read_and_said(
     with capture_events() as events:
         manager = SandboxManager(await started_docker())
     assert manager.limits.max_pids == 64
-    assert [e for e in events if e["event"] == "sandbox_manager.config_loaded"]
+    assert [e["path"] for e in events if e["event"] == "sandbox_manager.config_loaded"] == [None]
+
+
+async def test_the_config_file_read_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """With $HAROMBE_CONFIG set, the file is read and the event names it."""
+    path = tmp_path / "harombe.yaml"
+    path.write_text("security:\n  sandbox:\n    limits:\n      max_pids: 96\n")
+    monkeypatch.setenv("HAROMBE_CONFIG", str(path))
+    with capture_events() as events:
+        manager = SandboxManager(await started_docker())
+    assert manager.limits.max_pids == 96
+    assert [e["path"] for e in events if e["event"] == "sandbox_manager.config_loaded"] == [
+        str(path)
+    ]
 
 
 async def test_keyword_limits_override_the_given_config() -> None:

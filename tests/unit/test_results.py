@@ -122,7 +122,7 @@ def test_session_fields_and_warnings_are_carried() -> None:
     assert result.warnings == ["capped", "restarted"]
 
 
-def test_a_refusal_is_a_usage_error() -> None:
+def test_a_refusal_is_an_infrastructure_error() -> None:
     """A ``result`` reply instead of ``done`` (the supervisor refused the run) raises."""
     with pytest.raises(InfrastructureError, match="sandbox refused the run: a run is active"):
         mapped({"op": "result", "ok": False, "error": "Busy", "message": "a run is active"}, b"")
