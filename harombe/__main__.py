@@ -1,4 +1,4 @@
-"""Command line: ``python -m harombe {demo,images,doctor}``."""
+"""Command line: ``python -m harombe {demo,images,doctor,serve}``."""
 
 from __future__ import annotations
 
@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     images = sub.add_parser("images", help="build the sandbox image from Debian packages")
     images.add_argument("action", choices=["build"])
     images.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    from harombe.service import serve
+
+    serve.add_parser(sub)
     args = parser.parse_args(argv)
     from harombe.errors import ConfigError
 
@@ -148,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         from harombe.images import main as images_main
 
         return images_main(["--force"] if args.force else [])
+    if args.command == "serve":
+        try:
+            return serve.run(args)
+        except ConfigError as exc:
+            print(f"harombe serve: {exc}", file=sys.stderr)
+            return 2
     return asyncio.run(demo() if args.command == "demo" else doctor())
 
 

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from harombe.config_service import ServiceConfig
 from harombe.errors import ConfigError
 
 Language = Literal["python", "javascript", "shell"]
@@ -229,13 +230,24 @@ class HITLConfig(_Strict):
     rules: list[HITLRuleConfig] = Field(default_factory=list)
 
 
+class ProfilesConfig(_Strict):
+    """Where policy profiles (import allowlists, AST guardrails) come from, besides the shipped
+    ``minimal`` and ``data-science``."""
+
+    # A directory of *.yaml profiles (one per file); relative paths are read from the current
+    # directory. None: the shipped profiles only.
+    directory: str | None = None
+
+
 class SecurityConfig(_Strict):
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig)
     hitl: HITLConfig = Field(default_factory=HITLConfig)
+    profiles: ProfilesConfig = Field(default_factory=ProfilesConfig)
 
 
 class HarombeConfig(_Strict):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
+    service: ServiceConfig = Field(default_factory=ServiceConfig)  # type: ignore[arg-type]
 
 
 def _describe(err: ValidationError, model: type[BaseModel]) -> str:
@@ -249,6 +261,8 @@ def _describe(err: ValidationError, model: type[BaseModel]) -> str:
                 f"unknown key '{where}': valid keys there are {valid}; "
                 "fix the spelling or remove it"
             )
+        elif "tokens" in item["loc"]:  # never echo a secret into an error or a log
+            lines.append(f"'{where}': {item['msg']}")
         else:
             lines.append(f"'{where}': {item['msg']} (got {item.get('input')!r})")
     return "invalid harombe configuration: " + "; ".join(lines)

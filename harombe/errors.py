@@ -28,7 +28,8 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      └── PolicyError                   refused on purpose; nothing was touched
           ├── WorkspacePathError       path escapes /workspace (.., absolute, symlink out)
           ├── PackageSpecError         not a plain registry package spec, or unknown registry
-          └── ApprovalDeniedError      a human (or an approver) said no, or did not answer in time
+          ├── ApprovalDeniedError      a human (or an approver) said no, or did not answer in time
+          └── GuardrailError           a profile's scan refused the code (its ``violations``)
 
 A few exceptions are signals inside one module and never leave it
 (``tests/unit/test_architecture.py`` keeps their list; each module's tests show them caught):
@@ -128,3 +129,18 @@ class PackageSpecError(PolicyError, ValueError):
 
 class ApprovalDeniedError(PolicyError):
     """The HITL gate denied the operation (explicitly or by timeout)."""
+
+
+class GuardrailError(PolicyError):
+    """A policy profile's scan refused the code before anyone was asked or anything ran.
+
+    ``violations`` are the scan's findings (``"Line N: ..."``), ``stage`` the scan stage that
+    reported them and ``profile`` the profile's name."""
+
+    def __init__(
+        self, message: str, *, violations: tuple[str, ...] = (), stage: str = "", profile: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.violations = violations
+        self.stage = stage
+        self.profile = profile

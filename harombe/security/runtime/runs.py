@@ -22,6 +22,7 @@ from harombe.security.runtime.backend import DockerBackend
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.output_guard import GuardedOutput
 from harombe.security.runtime.preflight import GVISOR_RUNTIMES
+from harombe.security.runtime.profiled import cap_timeout, check_call
 from harombe.security.runtime.results import result_from_reply
 from harombe.security.runtime.sandbox import (
     RUN_ENV,
@@ -162,7 +163,9 @@ class Runs:
         """Run ``code`` in ``box``; failures of the code are in the result, not raised.
 
         Python and JavaScript run in the sandbox's session interpreter unless ``fresh`` is
-        true or the config says ``stateful: false``; shell always runs a fresh ``bash``.
+        true or the config says ``stateful: false``; shell always runs a fresh ``bash``. On a
+        sandbox with a profile, only Python in its session interpreter, and the profile's
+        ``timeout_max_s`` caps the timeout (see :mod:`.profiled`).
         Raises :class:`SandboxLostError` (with the cause found) when the sandbox dies."""
         lang: Language = language or box.language
         if lang not in LANGUAGES:
@@ -170,6 +173,8 @@ class Runs:
                 f"unknown language {str(lang)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
         timeout, warnings = effective_timeout(self.limits, timeout_s)  # checks it, too
+        check_call(box, language=lang, fresh=fresh)
+        timeout, warnings = cap_timeout(box.profile, timeout, warnings)
         if not isinstance(code, str):
             raise UsageError(f"code must be a string, got {type(code).__name__}")
         if not box.has(INTERPRETERS[lang]):
@@ -178,6 +183,7 @@ class Runs:
                 f"has no {INTERPRETERS[lang]}; create a sandbox for {lang} instead"
             )
         stateful = self._config.stateful if fresh is None else not fresh
+        stateful = stateful or box.profile is not None  # its layer is in the session only
         session = stateful and lang in SESSION_LANGUAGES
         try:
             argv, stdin = argv_for(lang, code)
@@ -212,7 +218,7 @@ class Runs:
     ) -> ExecutionResult:
         """Run ``argv`` (or, with ``session``, code in the session interpreter); the caller
         holds ``box.lock``. Raises :class:`SandboxLostError` when the sandbox dies."""
-        limits = self.limits
+        limits = box.limits or self.limits
         msg: dict[str, Any] = {
             "op": "run",
             "argv": argv,
@@ -267,7 +273,7 @@ class Runs:
             if state.get("OOMKilled"):
                 reason = (
                     "the sandbox was killed for exceeding its memory limit "
-                    f"(max_memory_mb={self.limits.max_memory_mb} plus workspace)"
+                    f"(max_memory_mb={(box.limits or self.limits).max_memory_mb} plus workspace)"
                 )
             elif state.get("Status") == "exited":
                 reason = (

@@ -12,9 +12,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harombe.config import Language, SandboxConfig
+from harombe.config import Language, Limits, SandboxConfig
 from harombe.errors import SandboxNotFoundError
 from harombe.security.guest import SUPERVISOR_SOURCE
+from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.channel import Channel
 
 SANDBOX_ID = re.compile(r"^sandbox-[0-9a-f]{12}$")
@@ -47,6 +48,11 @@ RUN_ENV = {
     "PYTHONUNBUFFERED": "1",  # partial output survives a timeout kill
     "NODE_PATH": f"{HOME}/node_modules",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    # One thread for numpy's BLAS: a sandbox has a fraction of a core, and a session
+    # interpreter left with threads after a call is restarted (its state would be lost).
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
 }
 
 
@@ -62,6 +68,17 @@ def check_sandbox_id(sandbox_id: object) -> str:
             "(they look like 'sandbox-0123456789ab'); create one with code_execute"
         )
     return sandbox_id
+
+
+def not_found(sandbox_id: str, replaced: dict[str, str], lost: dict[str, str]) -> str:
+    """Why ``sandbox_id`` is not a live sandbox: replaced (by which), lost, or unknown."""
+    if sandbox_id in replaced:
+        why = f"was lost and replaced by {replaced[sandbox_id]}; use that id"
+    elif sandbox_id in lost:  # a file call found it dead: no replacement
+        why = f"was lost ({lost[sandbox_id]}); create a new one with code_execute"
+    else:
+        why = "does not exist or was destroyed; create a new one with code_execute"
+    return f"Sandbox not found: {sandbox_id} {why}"
 
 
 def process_owner() -> str:
@@ -195,6 +212,8 @@ class Sandbox:
     allowed_domains: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)  # added to every run's environment
     js_worker_sent: bool = False  # the supervisor has the JavaScript worker's source
+    profile: Profile | None = None  # fixed at creation: every call runs under its layer
+    limits: Limits | None = None  # its own limits, when a profile narrowed the configured ones
     created_at: float = field(default_factory=time.time)
     runs: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

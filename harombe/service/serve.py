@@ -1,0 +1,87 @@
+"""``harombe serve``: run the service on uvicorn until SIGINT / SIGTERM.
+
+It binds 127.0.0.1:8000 unless told otherwise (``--host``/``--port``, or ``service.host`` /
+``service.port`` in the config, with the library's config file and ``HAROMBE__…`` overrides).
+It refuses a non-loopback address unless tokens are configured. On SIGINT or SIGTERM uvicorn
+stops taking requests, lets running ones finish, and the app's shutdown removes every sandbox
+the service made.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+import structlog
+
+from harombe.config import HarombeConfig
+from harombe.errors import ConfigError
+from harombe.service.auth import is_loopback
+
+log = structlog.get_logger(__name__)
+
+HELP = """\
+Serve harombe over HTTP: the fips sidecar contract (GET /healthz, GET /profile,
+POST /execute), the REST API under /v1 (see /docs and /openapi.json) and the
+approvals page at /approvals.
+
+Binding: 127.0.0.1:8000 by default. Without tokens in service.tokens the service
+answers this machine only, and refuses to bind any other address.
+
+Auth: callers send 'Authorization: Bearer <token>'. Configure tokens in the config
+file (service.tokens: name plus one of token, sha256 or env; role client or
+approver). Deciding approvals needs an approver token or the approval key printed
+at start (open the printed /approvals?key=... link).
+"""
+
+
+def check_binding(config: HarombeConfig, host: str) -> None:
+    """Refuse to listen beyond this machine without tokens: anyone who can reach the port
+    could otherwise run code."""
+    if not is_loopback(host) and not config.service.tokens:
+        raise ConfigError(
+            f"refusing to bind {host}: no tokens are configured, so anyone who reaches this "
+            "address could run code; add service.tokens to the config (see harombe serve "
+            "--help) or bind 127.0.0.1"
+        )
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    serve = sub.add_parser(
+        "serve",
+        help="serve the fips sidecar contract, the /v1 API and the approvals page",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--host", help="address to bind (default service.host, 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default service.port, 8000)")
+    serve.add_argument("--config", help="config file (default $HAROMBE_CONFIG)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from harombe.config import load_config
+    from harombe.service.app import create_app
+    from harombe.service.state import Service
+
+    config = load_config(args.config)
+    host = args.host or config.service.host
+    port = config.service.port if args.port is None else args.port
+    check_binding(config, host)
+    service = Service(config)
+    app = create_app(service=service)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"harombe serve: http://{shown}:{port}  (API docs: /docs)", file=sys.stderr)
+    print(f"approvals page: http://{shown}:{port}/approvals?key={service.approval_key}",
+          file=sys.stderr, flush=True)  # fmt: skip
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
+    # it found: this one makes that a clean exit (status 0), as a service manager expects.
+    signal.signal(signal.SIGTERM, _exit_cleanly)
+    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+    return 0
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)

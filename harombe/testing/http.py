@@ -1,0 +1,46 @@
+"""Run a harombe service inside your test's event loop, on a free loopback port.
+
+Example::
+
+    from harombe.service.app import create_app
+    from harombe.testing.http import serving
+
+    async def test_my_agent_against_the_service() -> None:
+        async with serving(create_app(config)) as base_url:
+            ...  # point the agent's SANDBOX_URL at base_url
+
+Leaving the block shuts the service down as SIGTERM would (its sandboxes are removed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve ``app`` (an ASGI app, e.g. :func:`harombe.service.create_app`'s) with uvicorn
+    until the block ends; yields its base URL. Raises ``RuntimeError`` when it cannot start."""
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield  # the test runner keeps its own signal handlers
+
+    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    task = asyncio.ensure_future(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # the start failed: raise its error
+            raise RuntimeError("the service stopped before it started; see its log")
+        await asyncio.sleep(0.01)
+    bound = server.servers[0].sockets[0].getsockname()
+    try:
+        yield f"http://{host}:{bound[1]}"
+    finally:
+        server.should_exit = True
+        await task

@@ -1,0 +1,135 @@
+"""Policy profiles for the tools: loading them, choosing the profile of a ``code_execute``
+call, and running its scan stages before the HITL gate.
+
+:func:`load_profiles` reads the shipped profiles and those of ``security.profiles.directory``
+and resolves them; the HTTP service uses it as well. :class:`ProfileTable` loads them once, on
+first use, for one tools object. :func:`scan` runs a profile's ``pre`` stages on the code and
+emits exactly one ``guardrail.decided`` audit event per decision (``passed``, ``rejected``, or
+``observed`` when the stage that found violations is in observe mode): a rejection raises
+:class:`~harombe.errors.GuardrailError` carrying the violations, so nobody is asked about
+refused code and no sandbox is made for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import structlog
+
+from harombe.config import HarombeConfig
+from harombe.errors import GuardrailError, InvalidArgumentError
+from harombe.profile_files import read_profile_documents
+from harombe.security.policy.guardrails import run_stages
+from harombe.security.policy.profiles import Profile, resolve_profiles
+from harombe.security.runtime.profiled import check_language
+from harombe.security.runtime.sandbox import Sandbox
+
+log = structlog.get_logger(__name__)
+
+#: Violations a ``guardrail.decided`` event repeats (the count says how many there were).
+AUDIT_VIOLATIONS = 3
+#: Violations a refused result lists at most.
+MAX_VIOLATIONS = 100
+
+
+def load_profiles(config: HarombeConfig) -> dict[str, Profile]:
+    """Every profile by name: the shipped ones and ``config.security.profiles.directory``'s,
+    resolved (``extends`` applied). Raises :class:`~harombe.errors.ConfigError` naming the
+    file or profile at fault."""
+    return resolve_profiles(read_profile_documents(config.security.profiles.directory))
+
+
+class ProfileTable:
+    """The profiles of one tools object: ``profiles`` if given, else read from ``config`` on
+    first use and kept (a profile directory changed later is read by a new tools object)."""
+
+    def __init__(
+        self, config: HarombeConfig, profiles: Mapping[str, Profile] | None = None
+    ) -> None:
+        self._config = config
+        self._profiles = dict(profiles) if profiles is not None else None
+
+    @property
+    def profiles(self) -> dict[str, Profile]:
+        """Profiles by name (loaded now if not yet)."""
+        if self._profiles is None:
+            self._profiles = load_profiles(self._config)
+        return self._profiles
+
+    def get(self, name: str) -> Profile:
+        """The profile ``name``; :class:`InvalidArgumentError` naming the known ones."""
+        profiles = self.profiles
+        if name not in profiles:
+            raise InvalidArgumentError(
+                f"unknown profile {name!r}; use one of {', '.join(sorted(profiles))}, or add "
+                "it to the directory security.profiles.directory names"
+            )
+        return profiles[name]
+
+
+def profile_for_call(
+    table: ProfileTable,
+    name: str | None,
+    *,
+    box: Sandbox | None,
+    language: str,
+    fresh: bool,
+) -> Profile | None:
+    """The profile a ``code_execute`` call runs under: the sandbox's own (``name`` may repeat
+    it), else the one ``name`` gives a new sandbox, else none. Refuses a call that would
+    change a sandbox's profile or run outside its runtime layer."""
+    if box is not None:
+        profile: Profile | None = getattr(box, "profile", None)
+        if name is not None and (profile is None or profile.name != name):
+            has = f"profile {profile.name!r}" if profile is not None else "no profile"
+            raise InvalidArgumentError(
+                f"sandbox {box.sandbox_id} was created with {has}, and a sandbox keeps the "
+                f"profile it was created with; leave out profile={name!r}, or leave out "
+                "sandbox_id to create a sandbox under it"
+            )
+    else:
+        profile = table.get(name) if name is not None else None
+    if profile is None:
+        return None
+    check_language(profile, language)
+    if fresh:
+        raise InvalidArgumentError(
+            f"fresh=True cannot be used with profile {profile.name!r}: its runtime layer lives "
+            "in the sandbox's session interpreter, and a fresh process would run outside it; "
+            "leave fresh out"
+        )
+    return profile
+
+
+def scan(code: str, profile: Profile, *, sandbox_id: str | None = None) -> list[str]:
+    """Run ``profile``'s ``pre`` scan stages on ``code``; one ``guardrail.decided`` event.
+
+    Returns the warnings of an observe-mode finding (the code runs, the runtime layer still
+    applies); raises :class:`GuardrailError` with the violations when a stage in enforce mode
+    reports any."""
+    report = run_stages(code, profile)
+    violations = tuple(report.violations)
+    outcome = "passed" if not violations else "rejected" if report.rejected else "observed"
+    log.info(
+        "guardrail.decided",
+        profile=profile.name,
+        stage=report.stage,
+        outcome=outcome,
+        violation_count=len(violations),
+        violations=list(violations[:AUDIT_VIOLATIONS]),
+        sandbox_id=sandbox_id,
+    )
+    if outcome == "passed":
+        return []
+    if outcome == "observed":
+        shown = violations[:MAX_VIOLATIONS]
+        return [f"guardrail {report.stage} (observe mode): {v}" for v in shown]
+    more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+    raise GuardrailError(
+        f"Code validation failed: profile {profile.name!r}, stage {report.stage}: "
+        f"{violations[0]}{more}; change the code to stay within the profile (its allowed "
+        "imports and names), or run it without a profile",
+        violations=violations[:MAX_VIOLATIONS],
+        stage=str(report.stage),
+        profile=profile.name,
+    )

@@ -1,0 +1,200 @@
+"""The profile's runtime layer (guest/profile_layer.py) run on the host, in child interpreters:
+its audit hook cannot be removed, so it never touches the test process. Each case is code run
+as a session cell (compiled as ``<cell 1>`` in the user's namespace) after the layer applied;
+the cases run on this Python and on Python 3.8, the oldest the sandbox supports. The real
+sandbox is covered by tests/integration/test_profiles_live.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harombe.security.guest import HERE, PROFILE_ENV, PY_WORKER_PARTS, load
+from tests.unit.test_wire import python38
+
+#: Loads the layer as the worker does, applies the spec from argv[3] and runs every cell of
+#: argv[4], printing one JSON outcome per cell. Compiled as ``<harombe-worker>``, as the worker
+#: is: the layer tells the worker's frames from the user's by that name.
+BOOT = "import sys; exec(compile(sys.argv[1], '<harombe-worker>', 'exec'))"
+RUNNER = r"""
+import json, sys
+parts, spec, cells = json.loads(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+scope = {"__name__": "harombe_worker"}
+source = "\n\n".join(open(p, encoding="utf-8").read() for p in parts)
+exec(compile(source, "<harombe-worker>", "exec"), scope)
+namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+try:
+    scope["apply_profile"](spec, namespace)
+except Exception as exc:
+    print(json.dumps({"layer": "%s: %s" % (type(exc).__name__, exc)}))
+    sys.exit(0)
+import io
+for cell in cells:
+    out, real = io.StringIO(), sys.stdout
+    sys.stdout = out
+    try:
+        exec(compile(cell, "<cell 1>", "exec"), namespace)
+        outcome = "ok: " + out.getvalue().strip()
+    except BaseException as exc:
+        outcome = "%s: %s" % (type(exc).__name__, exc)
+    finally:
+        sys.stdout = real
+    print(json.dumps(outcome))
+"""
+LAYER_PARTS = [str(HERE / name) for name in PY_WORKER_PARTS if name != "pyworker.py"]
+SPEC: dict[str, Any] = {
+    "allowed_imports": ["collections", "json", "math", "operator", "random", "textwrap", "xml"],
+    "preimport": ["json"],
+    "subprocess_memory_mb": 512,
+    "blocklist": [["json", "loads"], ["xml.dom", "minidom"], ["textwrap", "dedent"]],
+}
+BLOCKED = "ImportError: import of '{}' blocked by sandbox"
+DUNDER = "RuntimeError: dunder attribute access blocked by sandbox"
+GETATTR = "RuntimeError: object.__getattr__ blocked by sandbox"
+ORIGINAL_IMPORT = (
+    "real = [c.cell_contents for c in __import__.__closure__ if callable(c.cell_contents)][0]\n"
+)
+# fmt: off
+CASES = [
+    # imports: the profile's modules only, by top-level name
+    pytest.param("import math\nprint(math.sqrt(16))", "ok: 4.0", id="allowed-import"),
+    pytest.param("import os", BLOCKED.format("os"), id="import-os"),
+    pytest.param("import os.path", BLOCKED.format("os.path"), id="import-os-path"),
+    pytest.param("from os import path", BLOCKED.format("os"), id="from-os"),
+    pytest.param("import builtins", BLOCKED.format("builtins"), id="import-builtins"),
+    pytest.param("__import__('subprocess')", BLOCKED.format("subprocess"), id="dunder-import"),
+    pytest.param("from . import x", BLOCKED.format("."), id="relative-import"),
+    pytest.param("import json\nprint(json.dumps([1]))", "ok: [1]", id="library-own-deps"),
+    # builtins removed from user code
+    pytest.param("open('/etc/hostname')", "NameError: name 'open' is not defined", id="open"),
+    pytest.param("input()", "NameError: name 'input' is not defined", id="input"),
+    pytest.param("breakpoint()", "NameError: name 'breakpoint' is not defined", id="breakpoint"),
+    pytest.param("__builtins__['open']", "KeyError: 'open'", id="builtins-dict"),
+    # the real builtins, reached through a builtin's __self__, are refused to user code
+    pytest.param("print.__self__.open('/etc/hostname')", "RuntimeError: open blocked by sandbox",
+                 id="restored-open"),
+    pytest.param("print.__self__.exec('1')", "RuntimeError: compile blocked by sandbox",
+                 id="restored-exec"),
+    pytest.param("exec('1')", "RuntimeError: compile blocked by sandbox", id="exec"),
+    pytest.param("eval('1')", "RuntimeError: compile blocked by sandbox", id="eval"),
+    pytest.param("compile('1', 'x', 'eval')", "RuntimeError: compile blocked by sandbox",
+                 id="compile"),
+    # the original __import__ from the hook's closure: loaded modules come back, but what
+    # they could do is refused (Python 3.8 audits reading __closure__, and refuses it first)
+    pytest.param(ORIGINAL_IMPORT + "real('os').system('true')",
+                 ("RuntimeError: os.system blocked by sandbox", GETATTR), id="closure-os-system"),
+    pytest.param(ORIGINAL_IMPORT + "real('os').listdir('/')",
+                 ("RuntimeError: os.listdir blocked by sandbox", GETATTR),
+                 id="closure-os-listdir"),
+    pytest.param(ORIGINAL_IMPORT + "real('smtplib')",
+                 ("RuntimeError: import blocked by sandbox", GETATTR), id="closure-new-module"),
+    pytest.param("__import__.__defaults__",
+                 "RuntimeError: object.__getattr__ blocked by sandbox", id="defaults"),
+    pytest.param("__import__.__wrapped__",
+                 "AttributeError: 'function' object has no attribute '__wrapped__'", id="wrapped"),
+    # sys through a module's private alias
+    pytest.param("import collections\ncollections._sys.modules['os'].system('true')",
+                 "RuntimeError: os.system blocked by sandbox", id="collections-sys-os"),
+    pytest.param("import collections\ncollections._sys._getframe()",
+                 "RuntimeError: sys._getframe blocked by sandbox", id="collections-sys-frame"),
+    # introspection that leads to code, frames and globals
+    pytest.param("(lambda: 0).__code__", "RuntimeError: object.__getattr__ blocked by sandbox",
+                 id="code-object"),
+    pytest.param("def g():\n    yield 1\ng().gi_frame",
+                 "RuntimeError: object.__getattr__ blocked by sandbox", id="gi-frame"),
+    pytest.param("try:\n    1 / 0\nexcept Exception as e:\n    e.__traceback__.tb_frame",
+                 "RuntimeError: object.__getattr__ blocked by sandbox", id="tb-frame"),
+    # dunder-safe getters
+    pytest.param("getattr(1, '__class__')", DUNDER, id="getattr-dunder"),
+    pytest.param("hasattr(1, '__class__')", DUNDER, id="hasattr-dunder"),
+    pytest.param("class A: pass\nsetattr(A, '__init__', None)", DUNDER, id="setattr-dunder"),
+    pytest.param("print(getattr(2, 'real'), hasattr(2, 'nope'))", "ok: 2 False", id="getattr"),
+    pytest.param("import operator\noperator.attrgetter('__class__')", DUNDER, id="attrgetter"),
+    pytest.param("import operator\noperator.attrgetter('real', 'a.__dict__')", DUNDER,
+                 id="attrgetter-dotted"),
+    pytest.param("from operator import methodcaller as m\nm('__reduce__')", DUNDER,
+                 id="methodcaller-alias"),
+    pytest.param("import operator\noperator.attrgetter('f_globals')", DUNDER, id="frame-name"),
+    pytest.param("import operator\nprint(operator.attrgetter('real')(3))", "ok: 3",
+                 id="attrgetter-real"),
+    pytest.param("class A: pass\nA.x = 1\nprint(A.x, id(A) > 0)", "ok: 1 True",
+                 id="ordinary-class"),
+    # random._os, the blocklist
+    pytest.param("import random\nrandom._os", "AttributeError: module 'random' has no "
+                 "attribute '_os'", id="random-os"),
+    pytest.param("import random\nrandom.seed(1)\nprint(0 <= random.random() < 1)", "ok: True",
+                 id="random-works"),
+    pytest.param("from json import loads", BLOCKED.format("json.loads"), id="blocklist-from"),
+    pytest.param("import json\njson.loads('1')", "RuntimeError: json.loads is blocked by "
+                 "sandbox", id="blocklist-attr"),
+    pytest.param("import xml.dom.minidom", BLOCKED.format("xml.dom.minidom"),
+                 id="blocklist-dotted-module"),
+    pytest.param("from xml.dom import minidom", BLOCKED.format("xml.dom.minidom"),
+                 id="blocklist-dotted-from"),
+    pytest.param("import textwrap\ntextwrap.dedent(' x')", "RuntimeError: textwrap.dedent is "
+                 "blocked by sandbox", id="blocklist-loaded-later"),
+    # memory: RLIMIT_AS
+    pytest.param("x = bytearray(1024 * 1024 * 1024)", "MemoryError: ", id="rlimit-as"),
+]
+# fmt: on
+
+
+def run_cells(python: str, spec: dict[str, Any], cells: list[str]) -> list[Any]:
+    """The outcomes of ``cells`` under ``spec`` in a new ``python -I -S``."""
+    done = subprocess.run(
+        [python, "-I", "-S", "-c", BOOT, RUNNER, json.dumps(LAYER_PARTS), json.dumps(spec),
+         json.dumps(cells)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+@pytest.fixture(scope="module", params=[sys.executable, "python3.8"], ids=["host", "py38"])
+def outcomes(request: pytest.FixtureRequest) -> dict[str, str]:
+    python = python38() if request.param == "python3.8" else request.param
+    cells = [case.values[0] for case in CASES]
+    return dict(zip(cells, run_cells(python, SPEC, cells), strict=True))
+
+
+@pytest.mark.parametrize(("code", "expected"), CASES)
+def test_the_layer_holds(outcomes: dict[str, str], code: str, expected: str | tuple[str]) -> None:
+    """Each escape is refused with the layer's message, and ordinary code runs."""
+    assert outcomes[code] in (expected if isinstance(expected, tuple) else (expected,))
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({**SPEC, "preimport": ["no_such_module_here"]},
+                     "RuntimeError: preimport of 'no_such_module_here' failed: "
+                     "ModuleNotFoundError: No module named 'no_such_module_here'",
+                     id="failing-preimport"),
+        pytest.param({"preimport": []}, "RuntimeError: the profile's runtime spec is malformed: "
+                     "KeyError('allowed_imports')", id="malformed-spec"),
+    ],
+)  # fmt: skip
+def test_a_layer_that_cannot_be_applied_says_why(spec: dict[str, Any], expected: str) -> None:
+    """A failing preimport names the module; a malformed spec says so."""
+    assert run_cells(sys.executable, spec, []) == [{"layer": expected}]
+
+
+def test_observe_mode_keeps_limits_and_preimports_only() -> None:
+    """With the runtime audit mode 'observe', imports are not restricted, memory still is."""
+    spec = {**SPEC, "enforce": False, "preimport": ["textwrap"]}
+    cells = ["import os\nprint(os.sep)", "x = bytearray(1024 * 1024 * 1024)"]
+    assert run_cells(sys.executable, spec, cells) == ["ok: /", "MemoryError: "]
+
+
+def test_the_worker_reads_the_spec_from_the_environment_variable_the_host_sets() -> None:
+    """The layer, the worker and the host agree on the variable's name."""
+    layer = load(("wire.py", "profile_layer.py"), "harombe-worker")
+    worker = (HERE / "pyworker.py").read_text(encoding="utf-8")
+    assert layer.PROFILE_ENV == PROFILE_ENV == "HAROMBE_PROFILE"
+    assert "os.environ.pop(PROFILE_ENV, None)" in worker
+    assert [Path(p).name for p in LAYER_PARTS] == ["wire.py", "profile_layer.py"]
