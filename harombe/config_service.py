@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["ServiceConfig", "TokenConfig", "token_digest"]
+__all__ = ["ServiceConfig", "TokenConfig", "secret_problem", "token_digest"]
 
 
 class _Strict(BaseModel):
@@ -45,10 +45,24 @@ class TokenConfig(_Strict):
             )
         secret = data.get("token")
         if isinstance(secret, str):
-            if not 16 <= len(secret) <= 512:
-                raise ValueError("a token must be 16 to 512 characters; use a long random one")
+            problem = secret_problem(secret)
+            if problem:
+                raise ValueError(problem)
             return {**data, "token": None, "sha256": token_digest(secret)}
         return data
+
+
+def secret_problem(secret: str) -> str | None:
+    """Why ``secret`` cannot be a bearer token, or ``None``: it must travel in an HTTP header
+    unchanged, so printable ASCII without spaces, 16 to 512 characters."""
+    if not 16 <= len(secret) <= 512:
+        return "a token must be 16 to 512 characters; use a long random one"
+    if not (secret.isascii() and secret.isprintable()) or any(c.isspace() for c in secret):
+        return (
+            "a token must be printable ASCII without spaces (it travels in an HTTP header); "
+            "use e.g. the output of `python -c 'import secrets; print(secrets.token_urlsafe())'`"
+        )
+    return None
 
 
 def token_digest(secret: str) -> str:
@@ -63,6 +77,9 @@ class ServiceConfig(_Strict):
     port: int = Field(8000, ge=0, le=65535)
     # The fips endpoints' active profile; the SANDBOX_PROFILE environment variable overrides it.
     profile: str = "minimal"
+    # Profiles a POST /execute may name with "profile" instead of the active one. Empty: the
+    # field may only repeat the active profile, so a caller cannot pick a looser one.
+    request_profiles: list[str] = Field(default_factory=list, max_length=64)
     tokens: list[TokenConfig] = Field(default_factory=list)
     # Limits of the anonymous caller when no tokens are configured (loopback only).
     anonymous_max_sandboxes: int = Field(16, ge=1, le=10_000)

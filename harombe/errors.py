@@ -24,6 +24,7 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      │    ├── SandboxLostError         the sandbox died (killed, out of memory, supervisor gone)
      │    ├── LimitNotAppliedError     a limit could not be set on a running sandbox's cgroup
      │    └── PackageFetchError        the host could not download a package for installation
+     │         └── PackageNotFoundError  the index answered, and has no installable version
      ├── SandboxNotFoundError          unknown, destroyed or malformed sandbox id
      └── PolicyError                   refused on purpose; nothing was touched
           ├── WorkspacePathError       path escapes /workspace (.., absolute, symlink out)
@@ -106,6 +107,11 @@ class LimitNotAppliedError(InfrastructureError):
 
 class PackageFetchError(InfrastructureError):
     """The host-side package download failed (package missing, registry unreachable)."""
+
+
+class PackageNotFoundError(PackageFetchError):
+    """The package index was reached and has no version of the package that fits the request
+    and the sandbox: the request, not the index, needs changing."""
 
 
 class SandboxNotFoundError(HarombeError, KeyError):

@@ -9,18 +9,21 @@ read whole.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import AsyncIterator, Mapping
 
 import structlog
 from fastapi import FastAPI, Request
-from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from harombe.config import HarombeConfig, load_config
 from harombe.errors import HarombeError
 from harombe.service import approvals_routes, fips, v1, v1_files
 from harombe.service.body_limit import BodyLimit
+from harombe.service.gatekeeper import Gatekeeper
 from harombe.service.problems import HTTPProblem, problem_from
 from harombe.service.state import Service
 from harombe.service.version import VERSION as __version__
@@ -40,7 +43,13 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await svc.start()
+        try:
+            await svc.start()
+        except HarombeError as err:
+            # uvicorn reports a failed start as a traceback; say what to fix first, plainly.
+            log.error("service.start_failed", error=f"{err.kind}: {err}")
+            await svc.stop()
+            raise
         try:
             yield
         finally:
@@ -54,6 +63,8 @@ def create_app(
     )
     app.state.service = svc
     app.add_middleware(BodyLimit, max_bytes=svc.config.service.max_request_bytes)
+    app.add_middleware(Gatekeeper, service=svc)  # added last: runs first, before bodies
+    app.exception_handler(StarletteHTTPException)(_http_error)
     app.exception_handler(HTTPProblem)(_problem)
     app.exception_handler(HarombeError)(_harombe_error)
     app.exception_handler(RequestValidationError)(_invalid_request)
@@ -74,12 +85,52 @@ async def _harombe_error(request: Request, exc: Exception) -> Response:
     return problem_from(exc).response()
 
 
+def _safe(value: object, depth: int = 0) -> object:
+    """``value`` as plain JSON: non-finite numbers and text that is not Unicode become their
+    repr, containers are walked (a few levels), anything else becomes its repr, all cut short."""
+    if value is None or isinstance(value, bool | int):
+        return value if not isinstance(value, int) or abs(value) < 1 << 63 else repr(value)[:80]
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)
+    if isinstance(value, str):
+        text = value[:1000]
+        return text if text.encode("utf-8", "replace").decode() == text else repr(text)[:1000]
+    if isinstance(value, dict) and depth < 4:
+        return {str(_safe(k, depth + 1)): _safe(v, depth + 1) for k, v in list(value.items())[:50]}
+    if isinstance(value, list | tuple) and depth < 4:
+        return [_safe(v, depth + 1) for v in list(value)[:50]]
+    return repr(value)[:200]
+
+
+#: Starlette's error statuses → (kind, how to fix) of the /v1 answer.
+_STARLETTE_ERRORS = {
+    404: ("NotFound", "; see /openapi.json for the routes"),
+    405: ("MethodNotAllowed", "; see /openapi.json for each route's methods"),
+    400: ("BadRequest", "; send a JSON body as /openapi.json describes it"),
+}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (no route, wrong method, a body it could not parse): on ``/v1``
+    in the ``{"kind", "message"}`` shape, elsewhere as FastAPI answers them."""
+    assert isinstance(exc, StarletteHTTPException)
+    if not request.url.path.startswith("/v1"):
+        return await http_exception_handler(request, exc)
+    kind, fix = _STARLETTE_ERRORS.get(exc.status_code, ("HTTPError", ""))
+    body = {"kind": kind, "message": f"{exc.detail}{fix}"}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
 async def _invalid_request(request: Request, exc: Exception) -> Response:
     """The fips endpoints keep FastAPI's own 422 shape (their contract); ``/v1`` answers
     ``{"kind", "message"}`` naming each bad field."""
     assert isinstance(exc, RequestValidationError)
     if not request.url.path.startswith("/v1"):
-        return await request_validation_exception_handler(request, exc)
+        # FastAPI's own shape (the fips contract), with each echoed input made JSON-safe: a
+        # NaN, an infinity or a lone surrogate in it must not turn a 422 into a 500.
+        detail = [{**item, "input": _safe(item.get("input"))} for item in exc.errors()]
+        detail = [{k: v for k, v in item.items() if k != "ctx"} for item in detail]
+        return JSONResponse({"detail": detail}, status_code=422)
     problems = []
     for item in exc.errors()[:10]:
         where = ".".join(str(p) for p in item.get("loc", ()) if p != "body") or "body"

@@ -159,6 +159,13 @@ class ApprovalBroker:
                 self.feed.publish({"type": "approval.expired", "id": pending.approval_id})
                 log.info("approval.expired", approval_id=pending.approval_id)
 
+    def deny_all(self, why: str) -> int:
+        """Deny every held approval (at shutdown); how many were held."""
+        held = [p for p in self._pending.values() if not p.answer.done()]
+        for pending in held:
+            pending.answer.set_result(ApprovalResponse(False, approver=self.name, comment=why))
+        return len(held)
+
     def pending(self, tenant: str | None = None) -> list[dict[str, Any]]:
         """Held approvals, oldest first; only ``tenant``'s when given."""
         held = sorted(self._pending.values(), key=lambda p: p.created_at)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from harombe.config_service import ServiceConfig, token_digest
+from harombe.config_service import ServiceConfig, secret_problem, token_digest
 from harombe.errors import ConfigError
 from harombe.service.problems import HTTPProblem
 
@@ -126,13 +126,13 @@ class TokenTable:
     @staticmethod
     def _digest_from_env(name: str, variable: str | None, env: Mapping[str, str]) -> str:
         secret = env.get(variable or "")
-        if not secret or not 16 <= len(secret) <= 512:
+        problem = "it is not set" if not secret else secret_problem(secret)
+        if problem:
             raise ConfigError(
-                f"token {name!r} reads environment variable {variable}, which is "
-                + ("not set" if not secret else "not 16 to 512 characters long")
-                + "; export it before starting harombe serve"
+                f"token {name!r} reads environment variable {variable}, but {problem}; "
+                "export a valid token before starting harombe serve"
             )
-        return token_digest(secret)
+        return token_digest(secret or "")
 
     @property
     def enabled(self) -> bool:

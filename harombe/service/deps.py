@@ -3,13 +3,13 @@ and the audit feed's record of a tool call."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Any
 
 from fastapi import Request
 
 from harombe.service.approvals import current_tenant
-from harombe.service.auth import Tenant, bearer, is_loopback, unauthorized
+from harombe.service.auth import Tenant, bearer, unauthorized
+from harombe.service.gatekeeper import refusal
 from harombe.service.problems import HTTPProblem, problem_in_result
 from harombe.service.state import Service
 
@@ -25,14 +25,9 @@ def caller(request: Request) -> Tenant:
     svc = service_of(request)
     presented = bearer(request.headers.get("authorization"))
     if not svc.tokens.enabled:
-        host = request.client.host if request.client else None
-        if not is_loopback(host):
-            raise HTTPProblem(
-                403,
-                "Forbidden",
-                "this service has no tokens configured, so it only answers this machine; "
-                "configure service.tokens to accept other callers",
-            )
+        problem = refusal(svc, request.scope)  # the gatekeeper's check, again: routes alone
+        if problem is not None:
+            raise problem
         tenant = svc.tokens.anonymous
     else:
         found = svc.tokens.lookup(presented) if presented else None
@@ -60,7 +55,7 @@ def approver(request: Request) -> str:
     tenant = svc.tokens.lookup(presented)
     if tenant is not None and tenant.role == "approver":
         return tenant.name
-    if _same(presented, svc.approval_key):
+    if svc.is_approval_key(presented):
         return "approvals_page"
     raise HTTPProblem(
         403,
@@ -68,10 +63,6 @@ def approver(request: Request) -> str:
         "only an approver token or the service's approval key may decide approvals; a client "
         "token cannot approve calls",
     )
-
-
-def _same(presented: str, key: str) -> bool:
-    return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), key.encode())
 
 
 def tool_event(tool: str, tenant: Tenant, result: dict[str, Any]) -> dict[str, Any]:

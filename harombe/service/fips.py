@@ -28,6 +28,11 @@ MAX_STREAM_BYTES = 50 * 1024
 TRUNCATION_NOTE = "\n[output truncated at 50 KB]"
 #: The exit code a killed (timed out) run reports, as the sidecar's does.
 KILLED_EXIT_CODE = -9
+#: What stderr says of a run that was killed for another reason than its timeout.
+KILLED_BECAUSE = {
+    "lost": "the run was killed: its sandbox was lost",
+    "oom": "the run was killed: it ran out of memory",
+}
 
 
 class ExecuteRequest(BaseModel):
@@ -43,11 +48,27 @@ class ExecuteRequest(BaseModel):
 
 
 def cut(text: str) -> str:
-    """``text`` cut at :data:`MAX_STREAM_BYTES` bytes of UTF-8, with the note when cut."""
-    raw = text.encode("utf-8", "surrogateescape")
-    if len(raw) <= MAX_STREAM_BYTES:
-        return text
-    return raw[:MAX_STREAM_BYTES].decode("utf-8", "replace") + TRUNCATION_NOTE
+    """``text`` cut at :data:`MAX_STREAM_BYTES` bytes of output, with the note when cut.
+
+    The bytes counted are those the program wrote: a character that stands for one byte that
+    was not UTF-8 (U+FFFD, or a lone surrogate escape) counts as that one byte."""
+    if len(text) <= MAX_STREAM_BYTES // 4 or text.isascii():
+        if len(text) <= MAX_STREAM_BYTES:
+            return text
+        return text[:MAX_STREAM_BYTES] + TRUNCATION_NOTE
+    used = 0
+    for index, char in enumerate(text):
+        used += _raw_bytes(char)
+        if used > MAX_STREAM_BYTES:
+            return text[:index] + TRUNCATION_NOTE
+    return text
+
+
+def _raw_bytes(char: str) -> int:
+    code = ord(char)
+    if code < 0x80 or code == 0xFFFD or 0xDC80 <= code <= 0xDCFF:
+        return 1
+    return 2 if code < 0x800 else 3 if code < 0x10000 else 4
 
 
 @router.get("/healthz")
@@ -71,12 +92,15 @@ async def execute(body: ExecuteRequest, request: Request) -> JSONResponse | dict
     if not body.code.strip():
         return JSONResponse({"error": "No code provided"}, status_code=400)
     name = body.profile or svc.profile_name
-    chosen = svc.profiles.get(name)
+    choosable = {svc.profile_name, *svc.config.service.request_profiles}
+    chosen = svc.profiles.get(name) if name in choosable else None
     if chosen is None:
-        known = ", ".join(sorted(svc.profiles))
+        known = ", ".join(sorted(p for p in choosable if p in svc.profiles))
         return JSONResponse(
-            {"error": f"Unknown profile {name[:80]!r}; use one of {known}"}, status_code=400
-        )
+            {"error": f"Profile {name[:80]!r} cannot be chosen here; use one of {known} "
+                      "(service.request_profiles lists the others a request may name)"},
+            status_code=400,
+        )  # fmt: skip
     timeout_s = min(body.timeout, chosen.resources.timeout_max_s)
     with tenant.run_slot():
         result = await svc.tools.code_execute(
@@ -104,9 +128,11 @@ def _answer(result: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     stderr = cut(str(result.get("stderr") or ""))
     if timed_out:
         exit_code, stderr = KILLED_EXIT_CODE, f"Execution timed out after {timeout_s}s"
-    elif not isinstance(exit_code, int):  # killed for memory, or the sandbox was lost
-        exit_code = KILLED_EXIT_CODE
-        stderr = (stderr + "\n" if stderr else "") + str(result.get("error") or "")
+    elif result.get("status") in ("lost", "oom") or not isinstance(exit_code, int):
+        exit_code = KILLED_EXIT_CODE  # killed for memory, or the sandbox was lost
+        why = KILLED_BECAUSE.get(str(result.get("status")), "the run was killed")
+        note = f"{why}: {result.get('error') or 'no reason given'}"
+        stderr = f"{stderr}\n{note}" if stderr else note
     return {
         "stdout": cut(str(result.get("stdout") or "")),
         "stderr": stderr,

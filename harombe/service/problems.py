@@ -22,6 +22,7 @@ STATUS_BY_ERROR: dict[type[errors.HarombeError], int] = {
     errors.InvalidArgumentError: 400,
     errors.UsageError: 400,
     errors.PolicyError: 403,
+    errors.PackageNotFoundError: 422,
     errors.PackageFetchError: 502,
     errors.InfrastructureError: 503,
     errors.ConfigError: 503,

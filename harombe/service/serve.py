@@ -21,6 +21,9 @@ from harombe.service.auth import is_loopback
 
 log = structlog.get_logger(__name__)
 
+#: Seconds running requests get to finish after SIGTERM before their connections are closed.
+GRACE_S = 60
+
 HELP = """\
 Serve harombe over HTTP: the fips sidecar contract (GET /healthz, GET /profile,
 POST /execute), the REST API under /v1 (see /docs and /openapi.json) and the
@@ -64,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
 
     from harombe.config import load_config
     from harombe.service.app import create_app
+    from harombe.service.server import Server
     from harombe.service.state import Service
 
     config = load_config(args.config)
@@ -79,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
     # it found: this one makes that a clean exit (status 0), as a service manager expects.
     signal.signal(signal.SIGTERM, _exit_cleanly)
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+    settings = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
+                              timeout_graceful_shutdown=GRACE_S)  # fmt: skip
+    Server(settings, on_shutdown=service.begin_shutdown).run()
     return 0
 
 

@@ -9,6 +9,7 @@ start's orphan sweep removes (they carry harombe's labels).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import os
 import secrets
 from collections.abc import Mapping
@@ -69,6 +70,11 @@ class Service:
         self._removals: set[asyncio.Task[None]] = set()
         self.started = False
 
+    def is_approval_key(self, presented: str) -> bool:
+        """Whether ``presented`` is this service's approval key (compared in constant time)."""
+        key = self.approval_key.encode()
+        return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), key)
+
     @property
     def profile(self) -> Profile:
         """The fips endpoints' active profile."""
@@ -83,10 +89,17 @@ class Service:
         self.started = True
         log.info("service.started", profile=self.profile_name, tokens=self.tokens.enabled)
 
-    async def stop(self) -> None:
-        """Remove every sandbox the service made, then let go of Docker."""
+    def begin_shutdown(self) -> None:
+        """The first step of a graceful shutdown, before open connections are waited for:
+        end the feed's streams and deny held approvals, so nothing waits on them."""
         self.started = False
         self.feed.close()
+        denied = self.broker.deny_all("the service is shutting down")
+        log.info("service.stopping", denied_approvals=denied)
+
+    async def stop(self) -> None:
+        """Remove every sandbox the service made, then let go of Docker."""
+        self.begin_shutdown()
         if self._removals:
             await asyncio.gather(*self._removals, return_exceptions=True)
         await self.manager.stop()
@@ -127,6 +140,8 @@ class Service:
         """Destroy a one-shot sandbox without making its caller wait; ``stop()`` waits."""
 
         async def remove() -> None:
+            if self.gate is not None:  # its "approve for this sandbox" grants die with it
+                self.gate.forget_sandbox(sandbox_id)
             try:
                 await self.manager.destroy_sandbox(sandbox_id)
             except HarombeError as err:

@@ -85,6 +85,7 @@ async def create_sandbox(body: CreateSandbox, request: Request) -> SandboxView:
     """Create a sandbox (through the gate: a network-enabled one needs approval)."""
     tenant = deps.caller(request)
     svc = deps.service_of(request)
+    svc.live(tenant)  # a sandbox lost meanwhile no longer counts against the limit
     with tenant.creation_slot(), tenant.run_slot():
         result = await svc.tools.code_execute(
             language=body.language,

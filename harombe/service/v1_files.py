@@ -40,7 +40,9 @@ async def list_files(
 ) -> Any:
     """Names and details of a workspace directory's entries."""
     svc, tenant = owned(request, sandbox_id)
-    return answer(svc, "list_files", tenant, await svc.tools.code_list_files(sandbox_id, path))
+    with tenant.run_slot():
+        result = await svc.tools.code_list_files(sandbox_id, path)
+    return answer(svc, "list_files", tenant, result)
 
 
 @router.post(
@@ -49,7 +51,8 @@ async def list_files(
 async def write_text(body: WriteText, request: Request, sandbox_id: str = SandboxId) -> Any:
     """Write UTF-8 text to a file (parents created; the write is atomic)."""
     svc, tenant = owned(request, sandbox_id)
-    result = await svc.tools.code_write_file(sandbox_id, body.path, body.content)
+    with tenant.run_slot():
+        result = await svc.tools.code_write_file(sandbox_id, body.path, body.content)
     return answer(svc, "write_file", tenant, result)
 
 
@@ -62,7 +65,13 @@ async def write_text(body: WriteText, request: Request, sandbox_id: str = Sandbo
 async def upload(request: Request, sandbox_id: str = SandboxId, file_path: str = FilePath) -> Any:
     """Write the request body, as raw bytes, to a file."""
     svc, tenant = owned(request, sandbox_id)
-    data = await request.body()
+    with tenant.run_slot():
+        return await _upload(svc, tenant, sandbox_id, file_path, await request.body())
+
+
+async def _upload(
+    svc: Service, tenant: Tenant, sandbox_id: str, file_path: str, data: bytes
+) -> dict[str, Any]:
     limit = svc.manager.limits.max_file_bytes
     if len(data) > limit:
         raise HTTPProblem(
@@ -90,8 +99,9 @@ async def download(
     svc, tenant = owned(request, sandbox_id)
     args = _checked(svc, ReadFileArgs, sandbox_id, file_path)
     shown = {"sandbox_id": sandbox_id, "file_path": args.file_path}
-    await _approved(svc, tenant, "code_read_file", shown)
-    data = await _files(svc, svc.manager.read_file(sandbox_id, args.file_path))
+    with tenant.run_slot():
+        await _approved(svc, tenant, "code_read_file", shown)
+        data = await _files(svc, svc.manager.read_file(sandbox_id, args.file_path))
     result = {"success": True, "sandbox_id": sandbox_id, "read_bytes": len(data)}
     svc.feed.publish(deps.tool_event("download", tenant, result))
     return Response(data, media_type="application/octet-stream")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 
@@ -26,13 +26,24 @@ async def serving(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> AsyncI
     until the block ends; yields its base URL. Raises ``RuntimeError`` when it cannot start."""
     import uvicorn
 
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield  # the test runner keeps its own signal handlers
+    from harombe.service.server import Server
 
-    server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    task = asyncio.ensure_future(server.serve())
+    service = getattr(getattr(app, "state", None), "service", None)
+    server = Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning"),
+        on_shutdown=getattr(service, "begin_shutdown", None),
+        signals=False,  # the test runner keeps its own signal handlers
+    )
+
+    async def serve() -> None:
+        try:
+            await server.serve()
+        except SystemExit as exc:  # uvicorn exits the process when the app cannot start
+            raise RuntimeError(
+                f"the service stopped before it started (exit {exc.code}); see its log"
+            ) from None
+
+    task = asyncio.ensure_future(serve())
     while not server.started:
         if task.done():
             task.result()  # the start failed: raise its error

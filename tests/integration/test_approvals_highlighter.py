@@ -67,12 +67,14 @@ HIGHLIGHTS = [
 
 @pytest.fixture(scope="module")
 async def static_page() -> AsyncIterator[Page]:
-    """The page's file loaded on its own: its script runs, with no key."""
+    """The page's files loaded on their own: its script runs, with no key."""
+    static = resources.files("harombe.service").joinpath("static")
     async with async_playwright() as playwright:
         browser = await playwright.chromium.launch(executable_path=CHROMIUM)
         page = await browser.new_page()
-        html = resources.files("harombe.service").joinpath("static/approvals.html").read_text()
-        await page.set_content(html)
+        html = static.joinpath("approvals.html").read_text()
+        await page.set_content(html.replace('<script src="/approvals/app.js"></script>', ""))
+        await page.add_script_tag(content=static.joinpath("approvals.js").read_text())
         yield page
         await browser.close()
 

@@ -59,7 +59,10 @@ async def fips(
 ) -> AsyncIterator[tuple[Service, str]]:
     profiles = tmp_path_factory.mktemp("profiles")
     (profiles / "lab.yaml").write_text(LAB_PROFILE)
-    config = service_config({"security": {"profiles": {"directory": str(profiles)}}})
+    config = service_config(
+        {"security": {"profiles": {"directory": str(profiles)}},
+         "service": {"request_profiles": ["lab"]}}
+    )  # fmt: skip
     async with live_service(docker_manager, config) as running:
         yield running
 

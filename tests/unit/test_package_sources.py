@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.specifiers import SpecifierSet
 
 from harombe.errors import PackageFetchError
 from harombe.security.runtime.packages import npm, pypi
-from harombe.security.runtime.packages.wheels import Target
+from harombe.security.runtime.packages.wheels import Target, Want
 
 MACHINE = {
     "PIP_INDEX_URL": "https://machine.example/simple",
@@ -104,10 +105,57 @@ async def test_both_npm_runs_use_the_configured_registry(
 ) -> None:
     """fetch_tree passes --registry to npm exactly when one is configured."""
     monkeypatch.setenv("npm_config_userconfig", str(tmp_path / "no-npmrc"))
-    area = RecordingArea(tmp_path, "npm error code E404\n")
+    area = RecordingArea(tmp_path, "npm error code ECONNREFUSED\n")
     with pytest.raises(PackageFetchError, match="could not download"):
         await npm.fetch_tree(area, "npm", "axios@1.6.0", registry=registry)  # type: ignore[arg-type]
     ((argv, _),) = area.runs
     assert argv[:3] == ["npm", "install", "--package-lock-only"]
     given = [a for a in argv if a.startswith("--registry")]
     assert given == ([f"--registry={registry}"] if registry else [])
+
+
+@pytest.mark.parametrize(
+    ("output", "kind", "needle"),
+    [
+        ("ERROR: No matching distribution found for six", "PackageNotFoundError", "no wheel of"),
+        (
+            "WARNING: Retrying after connection broken by 'NewConnectionError(...)'"
+            "\nERROR: No matching distribution found for six",
+            "PackageFetchError",
+            "could not be reached",
+        ),
+        (
+            "ProxyError('Cannot connect to proxy.')\nERROR: No matching distribution found",
+            "PackageFetchError",
+            "could not be reached",
+        ),
+        ("ERROR: something else entirely", "PackageFetchError", "failed"),
+    ],
+    ids=["index-answered-no-such-package", "index-down", "proxy-down", "other"],
+)
+def test_pip_failures_tell_a_missing_package_from_an_unreachable_index(
+    output: str, kind: str, needle: str
+) -> None:
+    """'No matching distribution' is the package's fault only when the index was reached."""
+    want = Want("six", SpecifierSet())
+    error = pypi._pip_failure([want], Target("3.11.2", "x86_64", "2.36"), output)
+    assert error.kind == kind and needle in str(error)
+
+
+@pytest.mark.parametrize(
+    ("output", "kind"),
+    [
+        (
+            "npm error code E404\nnpm error 404 Not Found - GET http://127.0.0.1:9/nope",
+            "PackageNotFoundError",
+        ),
+        ("npm error code ETARGET\nnpm error notarget No matching version", "PackageNotFoundError"),
+        ("npm error code ECONNREFUSED", "PackageFetchError"),
+    ],
+    ids=["no-such-package", "no-such-version", "registry-down"],
+)
+def test_npm_failures_tell_a_missing_package_from_an_unreachable_registry(
+    output: str, kind: str, tmp_path: Path
+) -> None:
+    """npm's E404/ETARGET mean the registry answered; anything else is a fetch failure."""
+    assert npm._npm_failure("nope", output, tmp_path).kind == kind  # type: ignore[attr-defined]

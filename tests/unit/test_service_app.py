@@ -13,7 +13,8 @@ import pytest
 from harombe.config import parse_config
 from harombe.service.app import create_app
 from harombe.service.state import Service
-from harombe.testing import FakeDocker
+from harombe.testing import FakeDocker, capture_events
+from harombe.testing.http import serving
 
 ALICE, BOB, JUDGE = "alice-token-0123456789", "bob-token-0123456789ab", "judge-token-0123456789"
 KEY = "approval-key-0123456789abcdef"
@@ -48,7 +49,9 @@ async def make(docker: FakeDocker) -> AsyncIterator[Any]:
 
         def http(token: str | None = None) -> httpx.AsyncClient:
             headers = {"Authorization": f"Bearer {token}"} if token else {}
-            return httpx.AsyncClient(transport=transport, base_url="http://t", headers=headers)
+            return httpx.AsyncClient(
+                transport=transport, base_url="http://127.0.0.1", headers=headers
+            )
 
         return svc, http
 
@@ -218,3 +221,14 @@ async def _held(c: Any) -> dict[str, Any]:
             return dict(held[0])
         await asyncio.sleep(0.01)
     raise AssertionError("nothing was held for approval")
+
+
+async def test_a_failed_start_says_what_to_fix(docker: FakeDocker) -> None:
+    """A service that cannot start logs one service.start_failed event naming the fix."""
+    cfg = parse_config({"security": {"sandbox": {"enabled": False}}})
+    svc = Service(cfg, docker_manager=docker, environ={})
+    with capture_events() as events, pytest.raises(RuntimeError, match="before it started"):
+        async with serving(create_app(service=svc)):
+            pass
+    failed = [e for e in events if e["event"] == "service.start_failed"]
+    assert len(failed) == 1 and "security.sandbox.enabled" in failed[0]["error"]

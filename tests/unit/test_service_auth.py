@@ -179,6 +179,7 @@ def test_run_and_sandbox_slots_answer_429_with_retry_after() -> None:
         (errors.ApprovalDeniedError, 403),
         (errors.PackageSpecError, 403),
         (errors.PackageFetchError, 502),
+        (errors.PackageNotFoundError, 422),
         (errors.DockerUnavailableError, 503),
         (errors.SandboxLostError, 503),
         (errors.ConfigError, 503),

@@ -35,7 +35,7 @@ from typing import Any
 
 import structlog
 
-from harombe.errors import PackageFetchError, PackageSpecError
+from harombe.errors import PackageFetchError, PackageNotFoundError, PackageSpecError
 from harombe.security.runtime.packages.fetch_runner import FetchArea, base_env, memfd_with, tail
 
 log = structlog.get_logger(__name__)
@@ -287,4 +287,9 @@ def _npm_failure(spec_text: str, output: str, logs: Path) -> Exception:
     if any(code in output for code in NON_REGISTRY_SIGNS):
         what = _offender(output, logs) or "a dependency"
         return _non_registry(f"{what} (in the tree of {spec_text})", "npm refused it")
+    if "E404" in output or "ETARGET" in output:  # the registry answered: no such package/version
+        return PackageNotFoundError(
+            f"the npm registry has no {spec_text} (or no version matching it); check the "
+            f"name and version:\n{tail(output)}"
+        )
     return PackageFetchError(f"npm could not download {spec_text}:\n{tail(output)}")

@@ -43,7 +43,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from harombe.errors import PackageFetchError
+from harombe.errors import PackageFetchError, PackageNotFoundError
 from harombe.security.runtime.packages.fetch_runner import (
     FILE_MAX_BYTES,
     FetchArea,
@@ -298,6 +298,12 @@ async def _fetch_level(
     return new
 
 
+#: What pip prints when it never got an answer from the index (connection, proxy, TLS, DNS):
+#: its "No matching distribution" then says nothing about the package.
+UNREACHABLE_MARKS = ("NewConnectionError", "Max retries exceeded", "ProxyError", "SSLError",
+                     "ConnectTimeoutError", "Temporary failure in name resolution")  # fmt: skip
+
+
 def _pip_failure(todo: Sequence[Want], target: Target, output: str) -> PackageFetchError:
     asked = ", ".join(f"{w.pip_text} (needed by {w.needed_by})" for w in todo)
     if "File too large" in output or "EFBIG" in output:
@@ -310,8 +316,13 @@ def _pip_failure(todo: Sequence[Want], target: Target, output: str) -> PackageFe
             f"pip tried to run a program, import a build tool or read a host file while "
             f"downloading {asked}; refused, nothing ran:\n{tail(output)}"
         )
-    if "No matching distribution" in output or "from versions: none" in output:
+    if any(mark in output for mark in UNREACHABLE_MARKS):
         return PackageFetchError(
+            f"the package index could not be reached while downloading {asked}; check "
+            f"network.allowed_registries and this machine's pip configuration:\n{tail(output)}"
+        )
+    if "No matching distribution" in output or "from versions: none" in output:
+        return PackageNotFoundError(
             f"no wheel of {asked} for the sandbox (CPython {target.python_version}, "
             f"{target.machine}, glibc {target.glibc}) is on the package index (or the "
             "versions asked for conflict); harombe installs wheels only and never builds "

@@ -1,0 +1,67 @@
+"""Who may talk to the service at all, decided before a request's body is read.
+
+Every path but the public ones (liveness, the API's description, the approvals page's static
+files) needs a credential: a configured token, or the approval key. Without configured tokens the
+service is for this machine only: the peer must be a loopback address **and** the ``Host``
+header must name loopback, so a web page that rebinds its own host name to 127.0.0.1 (DNS
+rebinding) is refused. Routes then check roles (:mod:`.deps`): a client runs code, an approver
+decides.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from harombe.service.auth import bearer, is_loopback, unauthorized
+from harombe.service.problems import HTTPProblem
+from harombe.service.state import Service
+
+#: Paths answered without a credential.
+PUBLIC = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc",
+                    "/approvals", "/approvals/app.js"})  # fmt: skip
+
+
+def host_name(header: str | None) -> str | None:
+    """The host part of a ``Host`` header (``[::1]:8000`` → ``::1``)."""
+    if not header:
+        return None
+    if header.startswith("["):
+        return header[1 : header.find("]")] if "]" in header else None
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+def refusal(service: Service, scope: Scope) -> HTTPProblem | None:
+    """Why this request may not be served at all, or ``None``."""
+    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope.get("headers") or []}
+    if not service.tokens.enabled:
+        peer = (scope.get("client") or (None, None))[0]
+        if not is_loopback(peer) or not is_loopback(host_name(headers.get("host"))):
+            return HTTPProblem(
+                403,
+                "Forbidden",
+                "this service has no tokens configured, so it answers only this machine, "
+                "addressed by a loopback name (127.0.0.1, localhost, [::1]); configure "
+                "service.tokens to accept other callers",
+            )
+        return None
+    presented = bearer(headers.get("authorization"))
+    if presented is None:
+        return unauthorized("a bearer token is required")
+    if service.tokens.lookup(presented) is None and not service.is_approval_key(presented):
+        return unauthorized("the bearer token is not known")
+    return None
+
+
+class Gatekeeper:
+    """ASGI middleware: :func:`refusal` for every non-public HTTP request."""
+
+    def __init__(self, app: ASGIApp, *, service: Service) -> None:
+        self.app, self.service = app, service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") not in PUBLIC:
+            problem = refusal(self.service, scope)
+            if problem is not None:
+                await problem.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
