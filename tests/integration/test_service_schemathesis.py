@@ -80,6 +80,6 @@ async def test_no_server_errors_under_fuzzing(
     failures = [c.get("name") for c in cases if c.find("failure") is not None]
     assert failures == [], text[-6000:]
     assert returncode == 0, text[-6000:]
-    assert len(cases) == 20, [c.get("name") for c in cases]  # every operation was exercised
+    assert len(cases) >= 20, [c.get("name") for c in cases]  # every operation was exercised
     generated = re.search(r"(\d+) generated", text)
     assert generated is not None and int(generated.group(1)) >= 500, text[-3000:]
