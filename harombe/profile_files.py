@@ -17,12 +17,17 @@ Rules:
   ``extends`` under a new name, so a shipped profile always means what the docs say;
 * a file over :data:`MAX_PROFILE_BYTES`, not UTF-8, not YAML or not a mapping at the top is a
   :class:`~harombe.errors.ConfigError` naming the file and the fix; so is a directory that does
-  not exist.
+  not exist;
+* so is anything hostile: a path that is not a regular file (a FIFO named ``x.yaml`` is never
+  waited on), YAML anchors and aliases (``&a`` / ``*a``: a profile never needs them, and they
+  make a few hundred bytes stand for a billion values), and nesting deeper than
+  :data:`MAX_PROFILE_DEPTH` (checked on the parser's events, before anything is built).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +42,11 @@ log = structlog.get_logger(__name__)
 SHIPPED_DIR = Path(__file__).resolve().parent / "profiles"
 #: The largest profile file read; a profile is a few dozen lines.
 MAX_PROFILE_BYTES = 1024 * 1024
+#: The deepest nesting of lists and mappings read; a profile needs three levels.
+MAX_PROFILE_DEPTH = 32
 _SUFFIX = ".yaml"
+#: libyaml's loader when PyYAML has it (faster); the pure-Python one otherwise. Safe either way.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_profile_documents(
@@ -82,27 +91,82 @@ def _read_directory(directory: Path, origin: str) -> dict[str, dict[str, Any]]:
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    raw = _read_bytes(path)
     try:
-        with path.open("rb") as file:
-            raw = file.read(MAX_PROFILE_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read profile file {path}: {exc.strerror or exc}; check its permissions"
-        ) from None
-    if len(raw) > MAX_PROFILE_BYTES:
-        raise ConfigError(
-            f"profile file {path} is larger than {MAX_PROFILE_BYTES} bytes; a profile is a "
-            "short YAML mapping"
-        )
-    try:
-        loaded = yaml.safe_load(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"profile file {path} is not UTF-8 text; save it as UTF-8") from None
+    try:
+        _check_shape(path, text)
+        loaded = yaml.load(text, Loader=_LOADER)  # _LOADER is a safe loader
     except yaml.YAMLError as exc:
         raise ConfigError(f"profile file {path} is not valid YAML: {exc}") from None
+    except (RecursionError, MemoryError) as exc:
+        raise ConfigError(
+            f"profile file {path} is too large or deep to read ({type(exc).__name__}); a "
+            "profile is a short YAML mapping"
+        ) from None
     if not isinstance(loaded, dict):
         raise ConfigError(
             f"profile file {path} must hold a mapping (name:, imports:, …) at the top level, "
             f"not {type(loaded).__name__}"
         )
     return loaded
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Up to ``MAX_PROFILE_BYTES + 1`` bytes of the regular file ``path``. Opened without
+    blocking, so a FIFO is refused (by fstat) instead of waited on."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read profile file {path}: {exc.strerror or exc}; check its permissions"
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(
+                f"profile file {path} is not a regular file (a FIFO, socket or device); "
+                "profiles are plain YAML files: remove it or rename it"
+            )
+        chunks, size = [], 0
+        while size <= MAX_PROFILE_BYTES and (chunk := os.read(fd, MAX_PROFILE_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"cannot read profile file {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_PROFILE_BYTES:
+        raise ConfigError(
+            f"profile file {path} is larger than {MAX_PROFILE_BYTES} bytes; a profile is a "
+            "short YAML mapping"
+        )
+    return b"".join(chunks)
+
+
+def _check_shape(path: Path, text: str) -> None:
+    """Refuse anchors, aliases and deep nesting from the parser's events, before any value
+    is built (raises :class:`ConfigError`; a syntax error raises ``yaml.YAMLError``)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_LOADER):
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+            raise ConfigError(
+                f"profile file {path} uses a YAML anchor or alias (&name / *name), line "
+                f"{_line(event)}; write the values out: profiles do not need them"
+            )
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_PROFILE_DEPTH:
+                raise ConfigError(
+                    f"profile file {path} nests lists and mappings more than "
+                    f"{MAX_PROFILE_DEPTH} levels deep (line {_line(event)}); a "
+                    "profile needs three"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+
+
+def _line(event: yaml.Event) -> int:
+    mark = event.start_mark
+    return mark.line + 1 if mark is not None else 0

@@ -50,8 +50,9 @@ log = structlog.get_logger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
-#: Makes a tool's :class:`Plan` from the manager, the gate and the validated arguments.
-Planner = Callable[[SandboxManager, HITLGate | None, Any], Plan]
+#: Makes a tool's :class:`Plan` from the manager, the gate and the validated arguments
+#: (``code_execute``'s is awaited: it scans the code in a worker thread).
+Planner = Callable[[SandboxManager, HITLGate | None, Any], Plan | Awaitable[Plan]]
 
 #: Raw argument values longer than this are not echoed into a failed call's result.
 ECHO_MAX_CHARS = 256
@@ -133,7 +134,8 @@ class CodeExecutionTools:
                 network_default=manager.config.security.sandbox.network.enabled_by_default,
             )
             language = getattr(args, "language", None)
-            planned = plan(manager, self.hitl_gate, args)
+            made = plan(manager, self.hitl_gate, args)
+            planned = made if isinstance(made, Plan) else await made
         except HarombeError as err:
             # Nothing was asked, created or touched: the arguments are refused as given.
             result = _failure(err, **{k: _echo(v) for k, v in raw.items() if k in _ECHOED})
@@ -238,7 +240,7 @@ class CodeExecutionTools:
             "profile": profile,
         }
 
-        def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Plan:
+        def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Awaitable[Plan]:
             return plans.execute(manager, gate, args, on_output, self.profiles)
 
         return await self._call("code_execute", raw, plan)

@@ -51,7 +51,7 @@ class Plan:
     log_params: dict[str, Any] | None = None
 
 
-def execute(
+async def execute(
     manager: SandboxManager,
     gate: HITLGate | None,
     args: CodeExecuteArgs,
@@ -69,7 +69,7 @@ def execute(
         _check_network_matches(args, box.sandbox_id, box.network_enabled, box.allowed_domains)
         # The sandbox's own network decides the risk, whatever this call repeats.
         network, domains = box.network_enabled, list(box.allowed_domains)
-    profile, timeout_s, warnings = _profiled(manager, args, box, profiles)
+    profile, timeout_s, warnings = await _profiled(manager, args, box, profiles)
     params = {
         "language": args.language,
         "code": args.code,
@@ -211,7 +211,7 @@ def destroy_sandbox(
     return Plan(dict(fields), fields, run)
 
 
-def _profiled(
+async def _profiled(
     manager: SandboxManager, args: CodeExecuteArgs, box: Any, profiles: ProfileTable | None
 ) -> tuple[Profile | None, float, list[str]]:
     """The call's profile (the sandbox's, or ``args.profile`` from ``profiles`` for a new
@@ -225,7 +225,7 @@ def _profiled(
     # into the result, since the manager is handed the capped value.
     timeout_s, warnings = manager.effective_timeout(args.timeout, profile)
     if profile is not None:
-        warnings += scan(args.code, profile, sandbox_id=args.sandbox_id)
+        warnings += await scan(args.code, profile, sandbox_id=args.sandbox_id)
     return profile, timeout_s, warnings
 
 

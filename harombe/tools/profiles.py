@@ -2,17 +2,21 @@
 call, and running its scan stages before the HITL gate.
 
 :func:`load_profiles` reads the shipped profiles and those of ``security.profiles.directory``
-and resolves them; the HTTP service uses it as well. :class:`ProfileTable` loads them once, on
-first use, for one tools object. :func:`scan` runs a profile's ``pre`` stages on the code and
-emits exactly one ``guardrail.decided`` audit event per decision (``passed``, ``rejected``, or
-``observed`` when the stage that found violations is in observe mode): a rejection raises
-:class:`~harombe.errors.GuardrailError` carrying the violations, so nobody is asked about
-refused code and no sandbox is made for it.
+and resolves them (:func:`resolve_documents`: one ``profile.risky_import_allowed`` warning per
+profile and module such as ``os`` or ``sys`` it allows); the HTTP service uses it as well.
+:class:`ProfileTable` loads them once, on first use, for one tools object. :func:`scan` runs a
+profile's ``pre`` stages on the code in a worker thread (a large input never holds the event
+loop) and emits exactly one ``guardrail.decided`` audit event per decision (``passed``,
+``rejected``, or ``observed`` when the stages that found violations are in observe mode): a
+rejection raises :class:`~harombe.errors.GuardrailError` carrying the violations, so nobody is
+asked about refused code and no sandbox is made for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
@@ -20,7 +24,7 @@ from harombe.config import HarombeConfig
 from harombe.errors import GuardrailError, InvalidArgumentError
 from harombe.profile_files import read_profile_documents
 from harombe.security.policy.guardrails import run_stages
-from harombe.security.policy.profiles import Profile, resolve_profiles
+from harombe.security.policy.profiles import Profile, import_warnings, resolve_profiles
 from harombe.security.runtime.profiled import check_language
 from harombe.security.runtime.sandbox import Sandbox
 
@@ -36,7 +40,18 @@ def load_profiles(config: HarombeConfig) -> dict[str, Profile]:
     """Every profile by name: the shipped ones and ``config.security.profiles.directory``'s,
     resolved (``extends`` applied). Raises :class:`~harombe.errors.ConfigError` naming the
     file or profile at fault."""
-    return resolve_profiles(read_profile_documents(config.security.profiles.directory))
+    return resolve_documents(read_profile_documents(config.security.profiles.directory))
+
+
+def resolve_documents(documents: Mapping[str, Mapping[str, Any]]) -> dict[str, Profile]:
+    """:func:`~harombe.security.policy.profiles.resolve_profiles`, then one
+    ``profile.risky_import_allowed`` warning for each profile and module of
+    :data:`~harombe.security.policy.profiles.WARNED_IMPORTS` it allows."""
+    profiles = resolve_profiles(documents)
+    for profile in profiles.values():
+        for warning in import_warnings(profile):
+            log.warning("profile.risky_import_allowed", profile=profile.name, warning=warning)
+    return profiles
 
 
 class ProfileTable:
@@ -101,13 +116,16 @@ def profile_for_call(
     return profile
 
 
-def scan(code: str, profile: Profile, *, sandbox_id: str | None = None) -> list[str]:
-    """Run ``profile``'s ``pre`` scan stages on ``code``; one ``guardrail.decided`` event.
+async def scan(code: str, profile: Profile, *, sandbox_id: str | None = None) -> list[str]:
+    """Run ``profile``'s ``pre`` scan stages on ``code`` in a worker thread; one
+    ``guardrail.decided`` event.
 
-    Returns the warnings of an observe-mode finding (the code runs, the runtime layer still
+    Returns the warnings of observe-mode findings (the code runs, the runtime layer still
     applies); raises :class:`GuardrailError` with the violations when a stage in enforce mode
     reports any."""
-    report = run_stages(code, profile)
+    # The scan is CPU work bounded by its budgets (up to about a second for the largest
+    # input): off the loop, it does not stall other sandboxes' calls or HTTP requests.
+    report = await asyncio.to_thread(run_stages, code, profile)
     violations = tuple(report.violations)
     outcome = "passed" if not violations else "rejected" if report.rejected else "observed"
     log.info(
@@ -122,8 +140,8 @@ def scan(code: str, profile: Profile, *, sandbox_id: str | None = None) -> list[
     if outcome == "passed":
         return []
     if outcome == "observed":
-        shown = violations[:MAX_VIOLATIONS]
-        return [f"guardrail {report.stage} (observe mode): {v}" for v in shown]
+        shown = report.findings[:MAX_VIOLATIONS]
+        return [f"guardrail {stage} (observe mode): {v}" for stage, v in shown]
     more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
     raise GuardrailError(
         f"Code validation failed: profile {profile.name!r}, stage {report.stage}: "

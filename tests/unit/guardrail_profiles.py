@@ -13,17 +13,22 @@ from harombe.security.policy.profiles import Profile, resolve_profiles
 PERMISSIVE: dict[str, Any] = {
     "extends": "minimal",
     "imports": {
-        "additional": ["os", "posix", "subprocess", "socket", "importlib", "signal", "pickle",
+        "additional": ["os", "posix", "subprocess", "socket", "signal", "pickle",
                        "marshal", "shelve", "yaml", "hashlib", "dill", "numpy", "pandas"]
     },
 }  # fmt: skip
+#: Allowed in "permissive" past the profile checks, which refuse them in any profile file.
+UNLOADABLE = ("importlib",)
 
 
 @cache
 def profiles() -> dict[str, Profile]:
     documents: dict[str, dict[str, Any]] = dict(read_profile_documents(None))
     documents["permissive"] = PERMISSIVE
-    return resolve_profiles(documents)
+    resolved = resolve_profiles(documents)
+    wide = tuple(sorted({*resolved["permissive"].allowed_imports, *UNLOADABLE}))
+    resolved["permissive"] = resolved["permissive"].model_copy(update={"allowed_imports": wide})
+    return resolved
 
 
 def profile(name: str) -> Profile:

@@ -29,12 +29,16 @@ source = "\n\n".join(open(p, encoding="utf-8").read() for p in parts)
 exec(compile(source, "<harombe-worker>", "exec"), scope)
 namespace = {"__name__": "__main__", "__builtins__": __builtins__}
 try:
-    scope["apply_profile"](spec, namespace)
+    check = scope["apply_profile"](spec, namespace)
 except Exception as exc:
     print(json.dumps({"layer": "%s: %s" % (type(exc).__name__, exc)}))
     sys.exit(0)
 import io
+changed = None
 for cell in cells:
+    if changed is not None:  # the worker would have been restarted: nothing runs here
+        print(json.dumps("restarted: " + changed))
+        continue
     out, real = io.StringIO(), sys.stdout
     sys.stdout = out
     try:
@@ -44,7 +48,8 @@ for cell in cells:
         outcome = "%s: %s" % (type(exc).__name__, exc)
     finally:
         sys.stdout = real
-    print(json.dumps(outcome))
+    changed = check(namespace) if check is not None else None
+    print(json.dumps(outcome if changed is None else outcome + " | " + changed))
 """
 LAYER_PARTS = [str(HERE / name) for name in PY_WORKER_PARTS if name != "pyworker.py"]
 SPEC: dict[str, Any] = {
@@ -59,6 +64,8 @@ GETATTR = "RuntimeError: object.__getattr__ blocked by sandbox"
 ORIGINAL_IMPORT = (
     "real = [c.cell_contents for c in __import__.__closure__ if callable(c.cell_contents)][0]\n"
 )
+#: The real builtins module, reached without a name the layer refuses.
+BORROW = "import collections\nreal = print.__self__\nREAD_HOSTNAME = 'open(\"/etc/hostname\")'\n"
 # fmt: off
 CASES = [
     # imports: the profile's modules only, by top-level name
@@ -99,7 +106,8 @@ CASES = [
                  "AttributeError: 'function' object has no attribute '__wrapped__'", id="wrapped"),
     # sys through a module's private alias
     pytest.param("import collections\ncollections._sys.modules['os'].system('true')",
-                 "RuntimeError: os.system blocked by sandbox", id="collections-sys-os"),
+                 "AttributeError: module 'sys' has no attribute 'modules'",
+                 id="collections-sys-os"),
     pytest.param("import collections\ncollections._sys._getframe()",
                  "RuntimeError: sys._getframe blocked by sandbox", id="collections-sys-frame"),
     # introspection that leads to code, frames and globals
@@ -138,18 +146,44 @@ CASES = [
                  id="blocklist-dotted-from"),
     pytest.param("import textwrap\ntextwrap.dedent(' x')", "RuntimeError: textwrap.dedent is "
                  "blocked by sandbox", id="blocklist-loaded-later"),
+    # borrowed library frames: what is touched is judged, not who called
+    pytest.param(BORROW + "f = list(collections.Counter(map(real.open, ['/etc/hostname'])))",
+                 "PermissionError: open of '/etc/hostname' blocked by sandbox",
+                 id="open-through-library-frame"),
+    pytest.param(BORROW + "c = list(collections.Counter(map(real.compile, [READ_HOSTNAME], "
+                 "['/usr/lib/x.py'], ['exec'])))[0]\n"
+                 "list(collections.Counter(map(real.exec, [c], [{}])))",
+                 "PermissionError: open of '/etc/hostname' blocked by sandbox",
+                 id="code-compiled-under-a-library-name"),
+    pytest.param(BORROW + "list(collections.Counter(map(real.exec, ['import gc\\n"
+                 "gc.get_objects()'], [{}])))",
+                 "RuntimeError: gc.get_objects blocked by sandbox", id="gc-walk-for-everyone"),
+    pytest.param(BORROW + "list(collections.Counter(map(real.exec, ['import gc\\n"
+                 "gc.get_referents(1)'], [{}])))",
+                 "RuntimeError: gc.get_referents blocked by sandbox", id="gc-referents"),
+    pytest.param(BORROW + "list(collections.Counter(map(real.exec, ['import os\\n"
+                 "os.listdir(\"/\")'], [{}])))",
+                 "PermissionError: os.listdir of '/' blocked by sandbox", id="listdir-root"),
+    pytest.param("import collections\nP = collections.namedtuple('P', 'x y')\nprint(P(1, 2))",
+                 "ok: P(x=1, y=2)", id="namedtuple-works"),
+    pytest.param("import collections\n"
+                 "print([n for n in sorted(vars(collections._sys)) if n[:2] != '__'])",
+                 "ok: ['_getframe', 'getsizeof', 'intern', 'maxsize']",
+                 id="collections-sys-narrowed"),
     # memory: RLIMIT_AS
     pytest.param("x = bytearray(1024 * 1024 * 1024)", "MemoryError: ", id="rlimit-as"),
 ]
 # fmt: on
 
 
-def run_cells(python: str, spec: dict[str, Any], cells: list[str]) -> list[Any]:
-    """The outcomes of ``cells`` under ``spec`` in a new ``python -I -S``."""
+def run_cells(
+    python: str, spec: dict[str, Any], cells: list[str], cwd: Path | None = None
+) -> list[Any]:
+    """The outcomes of ``cells`` under ``spec`` in a new ``python -I -S`` (run in ``cwd``)."""
     done = subprocess.run(
         [python, "-I", "-S", "-c", BOOT, RUNNER, json.dumps(LAYER_PARTS), json.dumps(spec),
          json.dumps(cells)],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True, text=True, timeout=120, check=False, cwd=cwd,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return [json.loads(line) for line in done.stdout.splitlines()]
@@ -193,8 +227,95 @@ def test_observe_mode_keeps_limits_and_preimports_only() -> None:
 
 def test_the_worker_reads_the_spec_from_the_environment_variable_the_host_sets() -> None:
     """The layer, the worker and the host agree on the variable's name."""
-    layer = load(("wire.py", "profile_layer.py"), "harombe-worker")
+    layer = load(("wire.py", "profile_hook.py", "profile_layer.py"), "harombe-worker")
     worker = (HERE / "pyworker.py").read_text(encoding="utf-8")
     assert layer.PROFILE_ENV == PROFILE_ENV == "HAROMBE_PROFILE"
     assert "os.environ.pop(PROFILE_ENV, None)" in worker
-    assert [Path(p).name for p in LAYER_PARTS] == ["wire.py", "profile_layer.py"]
+    assert [Path(p).name for p in LAYER_PARTS] == ["wire.py", "profile_hook.py", "profile_layer.py"]
+
+
+@pytest.mark.parametrize(
+    ("cells", "expected"),
+    [
+        pytest.param(["__builtins__['open'] = print.__self__.open", "open"],
+                     ["ok:  | the profile's runtime layer was changed (builtins)",
+                      "restarted: the profile's runtime layer was changed (builtins)"],
+                     id="builtins-restored"),
+        pytest.param(["import collections\ncollections._sys = print.__self__", "1"],
+                     ["ok:  | the profile's runtime layer was changed (module alias)",
+                      "restarted: the profile's runtime layer was changed (module alias)"],
+                     id="alias-restored"),
+        pytest.param(["import operator\nimport collections\n"
+                      "operator.attrgetter = collections.Counter", "1"],
+                     ["ok:  | the profile's runtime layer was changed (operator)",
+                      "restarted: the profile's runtime layer was changed (operator)"],
+                     id="operator-restored"),
+        pytest.param(["x = 1", "print(x)"], ["ok: ", "ok: 1"], id="ordinary-session"),
+    ],
+)  # fmt: skip
+def test_a_call_that_changes_the_layer_ends_the_session(
+    cells: list[str], expected: list[str]
+) -> None:
+    """The check after each call reports a changed layer, so the next call never runs on it."""
+    assert run_cells(sys.executable, SPEC, cells) == expected
+
+
+def test_a_workspace_module_never_shadows_an_allowed_one(tmp_path: Path) -> None:
+    """A file in the working directory named like an allowed module is not imported."""
+    (tmp_path / "textwrap.py").write_text("print('SHADOW')\n", encoding="utf-8")
+    cells = ["import textwrap\nprint(textwrap.fill('a b', 10))"]
+    assert run_cells(sys.executable, SPEC, cells, cwd=tmp_path) == ["ok: a b"]
+
+
+HOOK = load(("wire.py", "profile_hook.py"), "harombe-worker")
+
+
+@pytest.fixture
+def judge(tmp_path: Path) -> Any:
+    """``allowed(path, write)`` over a writable root and a read-only one under ``tmp_path``."""
+    for name in ("work", "lib", "secret"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "work" / "out").symlink_to(tmp_path / "secret")
+    (tmp_path / "work" / "lib").symlink_to(tmp_path / "lib")
+    return HOOK._path_judge([str(tmp_path / "lib")], [str(tmp_path / "work")]), tmp_path
+
+
+class Text(str):
+    """A path that could say one thing to the hook and another to the kernel."""
+
+
+@pytest.mark.parametrize(
+    ("path", "write", "expected"),
+    [
+        pytest.param("work/new.csv", True, True, id="new-file-in-writable-root"),
+        pytest.param("lib/x.py", False, True, id="read-only-root-read"),
+        pytest.param("lib/x.py", True, False, id="read-only-root-write"),
+        pytest.param("secret/key", False, False, id="outside"),
+        pytest.param("work/out/key", False, False, id="symlink-out-of-root"),
+        pytest.param("work/lib/x.py", False, True, id="symlink-to-read-root"),
+        pytest.param("work/../secret/key", False, False, id="dotdot"),
+        pytest.param(b"work/a", True, True, id="bytes"),
+        pytest.param(3, False, False, id="request-pipe"),
+        pytest.param(4, True, False, id="reply-pipe"),
+        pytest.param(7, True, True, id="descriptor-opened-before"),
+        pytest.param(Text("work/a"), False, False, id="str-subclass"),
+    ],
+)  # fmt: skip
+def test_the_hook_judges_paths_by_where_they_lead(
+    judge: Any, path: Any, write: bool, expected: bool
+) -> None:
+    """Paths resolve as the kernel resolves them; only the roots are reachable."""
+    allowed, root = judge
+    if isinstance(path, str) and type(path) is str:
+        path = f"{root}/{path}"
+    elif isinstance(path, bytes):
+        path = str(root).encode() + b"/" + path
+    elif isinstance(path, Text):
+        path = Text(f"{root}/{path}")
+    assert allowed(path, write) is expected
+
+
+def test_a_relative_path_may_not_climb(judge: Any) -> None:
+    """A relative path with '..' is refused (it could be meant for a dir_fd elsewhere)."""
+    allowed, _ = judge
+    assert allowed("../etc/passwd", False) is False

@@ -4,7 +4,9 @@ describe/runtime shapes and the fingerprint; and reading them from disk."""
 
 from __future__ import annotations
 
+import asyncio
 import math
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,11 @@ import pytest
 from pydantic import ValidationError
 
 from harombe.errors import ConfigError
-from harombe.profile_files import MAX_PROFILE_BYTES, read_profile_documents
-from harombe.security.policy.profiles import Profile, resolve_profiles
+from harombe.profile_files import MAX_PROFILE_BYTES, MAX_PROFILE_DEPTH, read_profile_documents
+from harombe.security.policy.profile_values import kind, short
+from harombe.security.policy.profiles import Profile, import_warnings, resolve_profiles
+from harombe.testing import capture_events
+from harombe.tools.profiles import resolve_documents, scan
 
 MINIMAL_IMPORTS = ["collections", "csv", "datetime", "decimal", "fractions", "functools",
                    "itertools", "json", "math", "operator", "random", "re", "statistics",
@@ -26,8 +31,8 @@ DATA_SCIENCE_BLOCKLIST = [
     ("pandas", "read_excel"), ("pandas", "read_feather"), ("pandas", "read_parquet"),
     ("pandas", "read_orc"), ("pandas", "read_sas"), ("pandas", "read_spss"),
     ("pandas", "read_stata"), ("pandas", "read_gbq"), ("pandas", "read_hdf"),
-    ("scipy.io", "loadmat"), ("scipy.io", "savemat"), ("scipy.io", "mmread"),
-    ("scipy.io", "mmwrite"),
+    ("pandas.compat", "pickle_compat"), ("scipy.io", "loadmat"), ("scipy.io", "savemat"),
+    ("scipy.io", "mmread"), ("scipy.io", "mmwrite"),
 ]  # fmt: skip
 
 
@@ -80,7 +85,7 @@ def test_describe_is_the_get_profile_body() -> None:
     assert described["name"] == "data-science"
     assert described["description"].startswith("Data analysis and scientific computing")
     assert described["allowed_imports"] == sorted(described["allowed_imports"])
-    assert described["blocklist_entries"] == 22
+    assert described["blocklist_entries"] == 23
     assert described["scan_stages"] == {"pre": ["ast_scan", "blocklist_audit"], "post": []}
 
 
@@ -392,3 +397,113 @@ def test_a_name_key_must_match_the_file(tmp_path: Path) -> None:
     write(tmp_path, "mine.yaml", "name: yours\n")
     with pytest.raises(ConfigError, match="set name: mine"):
         resolve_profiles(read_profile_documents(tmp_path))
+
+
+DEEPER = MAX_PROFILE_DEPTH + 1
+HOSTILE_FILES = [
+    ("anchor", "a.yaml", "description: &d x\n", "uses a YAML anchor or alias (&name / *name)"),
+    ("alias", "b.yaml", "imports:\n  allowed: &m [math]\n  additional: *m\n", "line 2"),
+    ("too-deep", "deep.yaml", "description: " + "[" * DEEPER + "]" * DEEPER,
+     f"more than {MAX_PROFILE_DEPTH} levels deep"),
+    ("very-deep", "deeper.yaml", "description: " + "[" * 50_000 + "]" * 50_000, "levels deep"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [r[1:] for r in HOSTILE_FILES],
+                         ids=[r[0] for r in HOSTILE_FILES])  # fmt: skip
+def test_hostile_files_are_refused_before_anything_is_built(
+    tmp_path: Path, name: str, text: str, message: str
+) -> None:
+    """Anchors, aliases and deep nesting are a ConfigError naming the file and the fix."""
+    write(tmp_path, name, text)
+    with pytest.raises(ConfigError, match=re.escape(message)) as caught:
+        read_profile_documents(tmp_path)
+    assert name in str(caught.value)
+
+
+def test_a_fifo_is_refused_without_waiting(tmp_path: Path) -> None:
+    """A FIFO named like a profile is refused as not a regular file (never opened blocking)."""
+    os.mkfifo(tmp_path / "pipe.yaml")
+    with pytest.raises(ConfigError, match=r"pipe\.yaml is not a regular file"):
+        read_profile_documents(tmp_path)
+
+
+def test_a_link_to_a_regular_file_is_read(tmp_path: Path) -> None:
+    """A profile file may be a symlink to a regular file."""
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("extends: minimal\n", encoding="utf-8")
+    (tmp_path / "linked.yaml").symlink_to(target)
+    assert read_profile_documents(tmp_path)["linked"] == {"extends": "minimal"}
+
+
+def _bomb() -> list[object]:
+    """A list that stands for 10**9 strings through shared references (built in no time)."""
+    value: list[object] = ["x"] * 10
+    for _ in range(8):
+        value = [value] * 10
+    return value
+
+
+@pytest.mark.parametrize(
+    "value",
+    [_bomb(), "y" * 1_000_000, {f"k{i}": i for i in range(100_000)}, [[[[[[1]]]]]]],
+    ids=["alias-bomb", "long-string", "large-mapping", "deep-list"],
+)
+def test_values_in_messages_are_bounded(value: object) -> None:
+    """short() and kind() show any value in at most about 100 characters."""
+    assert len(short(value)) <= 80
+    assert len(kind(value)) <= 100
+
+
+def test_a_hostile_document_gives_a_short_message() -> None:
+    """A bomb in a key's value is named in a short message, not built out."""
+    with pytest.raises(ConfigError, match="description must be text, not list") as caught:
+        resolve(bad={"description": _bomb()})
+    assert len(str(caught.value)) < 300
+
+
+def test_a_long_unknown_key_is_shown_cut() -> None:
+    """An unknown key of a megabyte is shown cut."""
+    with pytest.raises(ConfigError, match="unknown key") as caught:
+        resolve(bad={"z" * 1_000_000: 1})
+    assert len(str(caught.value)) < 400
+
+
+REFUSED = ["builtins", "gc", "ctypes", "_ctypes", "importlib", "_imp"]
+
+
+@pytest.mark.parametrize("module", REFUSED)
+@pytest.mark.parametrize("key", ["allowed", "additional"])
+def test_modules_that_undo_the_guardrails_are_refused(module: str, key: str) -> None:
+    """No profile may allow builtins, gc, ctypes or importlib (in either list)."""
+    with pytest.raises(ConfigError, match=f"imports.{key} lists '{module}'.*remove it"):
+        resolve(wide={"extends": "base", "imports": {key: [module]}})
+
+
+@pytest.mark.parametrize("module", ["os", "sys", "subprocess", "socket", "pickle"])
+def test_wide_modules_are_warned_about_when_loaded(module: str) -> None:
+    """A profile allowing os, sys, subprocess… loads, with one warning event naming it."""
+    documents = {"base": {"imports": {"allowed": ["math"]}},
+                 "wide": {"extends": "base", "imports": {"additional": [module]}}}  # fmt: skip
+    with capture_events() as events:
+        profiles = resolve_documents(documents)
+    warned = [e for e in events if e["event"] == "profile.risky_import_allowed"]
+    assert [(e["log_level"], e["profile"]) for e in warned] == [("warning", "wide")]
+    assert f"allows importing '{module}'" in warned[0]["warning"]
+    assert import_warnings(profiles["wide"]) == [warned[0]["warning"]]
+
+
+def test_the_shipped_profiles_warn_about_nothing() -> None:
+    """minimal and data-science allow no module that deserves a warning."""
+    assert [w for p in shipped().values() for w in import_warnings(p)] == []
+
+
+def test_the_tools_scan_lists_every_observed_stage() -> None:
+    """tools' scan returns one warning per finding, each naming the stage that found it."""
+    modes = {"ast_scan": "observe", "blocklist_audit": "observe"}
+    watched = resolve(w={"extends": "base", "audit": {"mode": modes}})["w"]
+    warnings = asyncio.run(scan("import os\np = '../x'", watched))
+    assert [w.split(":")[0] for w in warnings] == [
+        "guardrail ast_scan (observe mode)",
+        "guardrail blocklist_audit (observe mode)",
+    ]

@@ -13,60 +13,59 @@ In order:
 - ``RLIMIT_AS`` (soft and hard) is ``subprocess_memory_mb``, for the interpreter and every
   process it starts;
 - the ``preimport`` modules are imported, so a call pays nothing for them;
-- user code (frames whose globals are the session's namespace, or whose code was compiled
-  from a string) gets builtins of its own: ``open``, ``breakpoint`` and ``input`` removed,
-  ``getattr``/``setattr``/``delattr``/``hasattr`` refusing dunder and frame names, and an
-  ``__import__`` that lets in only the profile's modules (by top-level name), no relative
-  imports and no blocklisted ``module.attr``. Library modules keep the real builtins, so a
-  module importing its own dependencies is unaffected;
-- ``random._os`` is removed; ``operator.attrgetter``/``methodcaller`` refuse dunder names;
-  each blocklisted ``(module, attr)`` is replaced by a stub that refuses to be used, in
-  modules loaded now and in those loaded later (checked at every import of user code);
-- an audit hook (it cannot be removed, and nothing reachable from Python refers to it) refuses
-  to user code every audited operation but ``id()`` and ``time.sleep``, so a real
-  ``open``/``__import__``/``exec``/``os.*`` reached through the object graph still fails, and
-  refuses to everyone the start of a process and ``ctypes`` loading and calls.
+- (enforce mode from here) ``sys.path`` loses the working directory, ``/workspace``, ``/tmp``
+  and the home directory but its user site (so a workspace ``statistics.py`` is never
+  imported as the library), and bytecode caches are no longer written; ``RLIMIT_NPROC`` is 0,
+  so the kernel refuses this interpreter any new process or thread, also through calls no
+  audit event announces (``_posixsubprocess.fork_exec``);
+- ``operator.attrgetter``/``methodcaller`` refuse dunder names; module aliases of the allowed
+  standard-library modules (``random._os``, ``collections._sys``) are dropped or narrowed to
+  the names the module's own code reads (:class:`_Aliases`); each blocklisted
+  ``(module, attr)`` is replaced by a stub that refuses to be used, in modules loaded now and
+  in those loaded later (checked at every import of user code);
+- user code (code whose globals are the session's namespace) gets builtins of its own:
+  ``open``, ``breakpoint`` and ``input`` removed, ``getattr``/``setattr``/``delattr``/
+  ``hasattr`` refusing dunder and frame names, and an ``__import__`` that lets in only the
+  profile's modules (by top-level name), no relative imports and no blocklisted
+  ``module.attr``. Library modules keep the real builtins;
+- the audit hook of ``profile_hook.py``: it judges what an operation touches, for every frame
+  (processes, ``ctypes``, sockets, threads, ``gc``'s walks refused; files only under
+  ``/workspace``, ``/tmp`` and, to read, the interpreter's own directories), and refuses user
+  code's own direct calls of every audited operation but ``id()`` and ``time.sleep``.
 
-What it cannot hold: code that walks the object graph with dunder attributes the audit does
-not see (``__subclasses__``, ``__globals__``) reaches objects the layer does not guard, such as
-``os.write`` on an inherited fd, or a ``ctypes`` function already loaded by a library and
-called through a library's own Python frame. Those are caught by the static scan (enforce mode)
-and contained by the sandbox itself, never by this layer alone.
+:func:`apply_profile` returns the layer's check, which the worker runs after every call: the
+hook still answers, the namespace and its builtins, ``operator``'s getters, ``sys.path`` and
+the narrowed aliases are as the layer left them. A call that changed any of them ends the
+session (the next call starts a new interpreter with the layer, and says ``state_lost``).
+
+What it cannot hold, by itself: code that walks the object graph with dunder attributes the
+audit does not see (``__subclasses__``, ``__globals__``) reaches every object of the
+interpreter — the real builtins, the worker's own globals — and whatever is not audited:
+``os.write`` on an inherited descriptor, metadata (``os.stat``, ``os.readlink``) of any path,
+files a C library opens by itself (``dbm``), and the guardrails of this module (the user's
+builtins, stubs, aliases) within a call. The audit hook's refusals and ``RLIMIT_NPROC`` hold
+against such code; the rest is the static scan's (enforce mode) and the sandbox's to contain.
 """
 
 # mypy: ignore-errors
 # (Runs on the sandbox's Python 3.8+, untyped like the other parts of the worker.)
 
 import builtins
+import os
 import resource
 import sys
+
+ModuleType = type(sys)
 
 PROFILE_ENV = "HAROMBE_PROFILE"
 BLOCKED_IMPORT = "import of '{}' blocked by sandbox"
 BLOCKED_DUNDER = "dunder attribute access blocked by sandbox"
 REMOVED_BUILTINS = ("open", "breakpoint", "input")
-#: Attribute names that reach frames, code and globals without a dunder.
-FRAME_NAMES = frozenset(
-    ("f_globals", "f_locals", "f_builtins", "f_back", "f_code", "gi_frame", "gi_code",
-     "cr_frame", "cr_code", "ag_frame", "ag_code", "tb_frame", "tb_next", "co_code")
-)  # fmt: skip
-#: Audited operations user code may perform (all others are refused to it).
-USER_EVENTS = frozenset(("builtins.id", "time.sleep", "object.__setattr__", "object.__delattr__"))
-#: Audited operations refused to every frame once the layer is on: no process is started and
-#: no foreign code is loaded or called.
-GLOBAL_EVENTS = frozenset(
-    ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-     "subprocess.Popen", "pty.spawn", "ctypes.dlopen", "ctypes.call_function")
-)  # fmt: skip
-#: Code compiled from files the runtime froze, and the worker's own code, is library code.
-LIBRARY_PREFIXES = ("<frozen", "<harombe-worker>")
-
-
-def dunder(name):
-    """Whether an attribute name (dotted for attrgetter) reaches dunders or frames."""
-    if not isinstance(name, str):
-        return False
-    return any(part.startswith("__") or part in FRAME_NAMES for part in name.split("."))
+GUARDED_BUILTINS = ("__import__", "getattr", "hasattr", "setattr", "delattr")
+#: Where user-made files live: never on ``sys.path`` of a profiled session.
+UNTRUSTED_DIRS = ("/workspace", "/tmp")
+#: What the worker is told when a call changed the layer (at most 64 characters).
+LAYER_CHANGED = "the profile's runtime layer was changed ({})"
 
 
 class Blocked:
@@ -89,7 +88,9 @@ class Blocked:
 
 def apply_profile(spec_text, namespace):
     """Apply the runtime spec ``spec_text`` (JSON) to this interpreter; user code is the code
-    run in ``namespace``. Raises ``RuntimeError`` naming the step (and module) that failed."""
+    run in ``namespace``. Returns the layer's check for the worker to run after each call (see
+    :func:`_layer_check`), or None in observe mode. Raises ``RuntimeError`` naming the step
+    (and module) that failed."""
     try:
         spec = loads(spec_text)  # noqa: F821 - wire.py, the part before this one
         allowed = frozenset(str(m) for m in spec["allowed_imports"])
@@ -115,33 +116,165 @@ def apply_profile(spec_text, namespace):
                 f"preimport of '{name}' failed: {type(exc).__name__}: {exc}"
             ) from None
     if not spec.get("enforce", True):
-        return  # the profile's runtime audit mode is "observe": limits and preimports only
-    _guard_modules()
+        return None  # the profile's runtime audit mode is "observe": limits and preimports only
+    read_roots = _trusted_path()
+    # No process and no thread from here on, even through a call the audit does not see
+    # (``_posixsubprocess.fork_exec``): the kernel refuses them to this user.
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    operators = _guard_modules()
+    aliases = _Aliases(allowed)
+    aliases.patch()
     pending = _Blocklist(blocklist)
     pending.patch()
-    namespace["__builtins__"] = _user_builtins(allowed, pending)
-    sys.addaudithook(_audit_hook(namespace))
+    own = namespace["__builtins__"] = _user_builtins(allowed, pending, aliases)
+    readers = referent_readers()  # noqa: F821 - profile_hook.py
+    sys.addaudithook(audit_hook(namespace, read_roots, readers))  # noqa: F821 - profile_hook.py
+    return _layer_check(namespace, own, dict(own), operators, aliases, list(sys.path))
+
+
+def _trusted_path():
+    """Drop the working directory and user-writable places from ``sys.path`` (a workspace
+    ``statistics.py`` must not be imported as the library), stop writing bytecode caches, and
+    return the directories left: the interpreter's own, readable by any code."""
+    home = os.environ.get("HOME") or "/home/sandbox"
+    untrusted = (*UNTRUSTED_DIRS, home, os.getcwd())
+    own = (sys.prefix, sys.base_prefix)  # the interpreter's own, wherever it is installed
+    kept = [p for p in sys.path
+            if p.startswith("/") and (_inside(p, own) or not _inside(p, untrusted))]  # fmt: skip
+    user_site = [p for p in sys.path if p.startswith(home + "/.local/")]
+    sys.path[:] = kept + user_site  # packages the user installed stay importable, last
+    sys.dont_write_bytecode = True
+    return tuple(p.rstrip("/") for p in kept + user_site)
+
+
+def _inside(path, dirs):
+    path = path.rstrip("/") or "/"
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
 
 
 def _guard_modules():
-    """``random._os`` goes; ``operator``'s getters refuse dunder names."""
+    """``operator``'s getters refuse dunder names; returns the wrappers, for the check."""
     import operator
-    import random
 
-    random.__dict__.pop("_os", None)
     real_attrgetter, real_methodcaller = operator.attrgetter, operator.methodcaller
 
     def attrgetter(attr, *attrs):
-        if any(dunder(a) for a in (attr, *attrs)):
+        if any(dunder(a) for a in (attr, *attrs)):  # noqa: F821 - profile_hook.py
             raise RuntimeError(BLOCKED_DUNDER)
         return real_attrgetter(attr, *attrs)
 
     def methodcaller(name, *args, **kwargs):
-        if dunder(name):
+        if dunder(name):  # noqa: F821 - profile_hook.py
             raise RuntimeError(BLOCKED_DUNDER)
         return real_methodcaller(name, *args, **kwargs)
 
     operator.attrgetter, operator.methodcaller = attrgetter, methodcaller
+    return operator, attrgetter, methodcaller
+
+
+class _Aliases:
+    """Module aliases in the standard-library modules the profile allows (``random._os``,
+    ``collections._sys``): an attribute naming a module outside the profile is dropped, or,
+    when the module's own code reads that name, replaced by a module holding only the names
+    that code reads (``collections._sys`` keeps ``intern``, ``_getframe``, ``getsizeof``,
+    ``maxsize``). Third-party modules (numpy, pandas) are left as they are: their code cannot
+    be read whole cheaply, and a missing name would break them."""
+
+    def __init__(self, allowed):
+        self.allowed = allowed
+        self.seen = set()
+        self.done = []  # (module's dict, attribute, what it holds now or None)
+        self.stdlib = os.path.dirname(os.__file__) + "/"
+
+    def patch(self):
+        """Narrow the aliases of every allowed module loaded since the last call."""
+        for name, module in list(sys.modules.items()):
+            if name in self.seen:
+                continue
+            self.seen.add(name)
+            if name.partition(".")[0] in self.allowed:
+                try:  # noqa: SIM105 - contextlib is not imported by the worker
+                    self._narrow(module)
+                except Exception:  # noqa: BLE001 - a module we cannot read stays as is
+                    pass
+
+    def _narrow(self, module):
+        path = getattr(module, "__file__", None) or ""
+        if not path.startswith(self.stdlib) or "-packages/" in path:
+            return
+        table = module.__dict__
+        aliases = [(attr, value) for attr, value in table.items()
+                   if type(value) is ModuleType and str(value.__name__).partition(".")[0]
+                   not in self.allowed]  # fmt: skip
+        if not aliases:
+            return
+        read = _names_read(module.__spec__.loader.get_code(module.__name__))
+        for attr, value in aliases:
+            view = None
+            if attr in read:
+                view = ModuleType(value.__name__)
+                for name in read:
+                    if name in value.__dict__ and not name.startswith("__"):
+                        setattr(view, name, value.__dict__[name])
+                table[attr] = view
+            else:
+                del table[attr]
+            self.done.append((table, attr, view))
+
+    def intact(self):
+        """Whether every alias narrowed is still as the layer left it."""
+        return all(table.get(attr) is view for table, attr, view in self.done)
+
+
+def _names_read(code):
+    """Every name the functions and classes of a module's code read (its top level, run
+    when it was imported, is left out: it binds every alias)."""
+    names, todo = set(), [c for c in code.co_consts if type(c) is type(code)]
+    while todo:
+        code = todo.pop()
+        names.update(code.co_names)
+        todo.extend(c for c in code.co_consts if type(c) is type(code))
+    return names
+
+
+def _layer_check(namespace, own, expected, operators, aliases, path):
+    """The check the worker runs after each call: None while the layer is as applied, else
+    why not (at most 64 characters). A changed layer ends the session, which the supervisor
+    restarts with the layer applied afresh; the call says ``state_lost``. Like the audit hook,
+    it looks up no global name when it runs."""
+    audit, probe, error = sys.audit, PROBE_EVENT, RuntimeError  # noqa: F821 - profile_hook.py
+    guarded, removed, changed, sys_module = GUARDED_BUILTINS, REMOVED_BUILTINS, LAYER_CHANGED, sys
+    operator, attrgetter, methodcaller = operators
+    modules, sys_path, path = sys.modules, sys.path, tuple(path)
+    tuple_ = tuple
+
+    def check(current):
+        try:
+            audit(probe)
+        except error:
+            pass
+        else:
+            return changed.format("audit hook")
+        if current is not namespace or namespace.get("__builtins__") is not own:
+            return changed.format("namespace")
+        for name in guarded:
+            if own.get(name) is not expected[name]:
+                return changed.format("builtins")
+        for name in removed:
+            if name in own:
+                return changed.format("builtins")
+        if operator.attrgetter is not attrgetter or operator.methodcaller is not methodcaller:
+            return changed.format("operator")
+        if sys_module.path is not sys_path or tuple_(sys_path) != path:
+            return changed.format("sys.path")
+        if sys_module.modules is not modules:
+            return changed.format("sys.modules")
+        aliases.patch()
+        if not aliases.intact():
+            return changed.format("module alias")
+        return None
+
+    return check
 
 
 class _Blocklist:
@@ -176,7 +309,7 @@ class _Blocklist:
                     setattr(module, attr, Blocked(f"{owner}.{attr}"))
 
 
-def _user_builtins(allowed, blocklist):
+def _user_builtins(allowed, blocklist, aliases):
     """The builtins user code sees: see the module docstring."""
     real_import, real_getattr = builtins.__import__, builtins.getattr
     real_setattr, real_delattr = builtins.setattr, builtins.delattr
@@ -191,15 +324,16 @@ def _user_builtins(allowed, blocklist):
             raise ImportError(BLOCKED_IMPORT.format(blocked))
         module = real_import(name, globals, locals, fromlist, level)
         blocklist.patch()
+        aliases.patch()
         return module
 
     def getattr(obj, name, *default):
-        if dunder(name):
+        if dunder(name):  # noqa: F821 - profile_hook.py
             raise RuntimeError(BLOCKED_DUNDER)
         return real_getattr(obj, name, *default)
 
     def hasattr(obj, name):
-        if dunder(name):
+        if dunder(name):  # noqa: F821 - profile_hook.py
             raise RuntimeError(BLOCKED_DUNDER)
         try:
             real_getattr(obj, name)
@@ -208,12 +342,12 @@ def _user_builtins(allowed, blocklist):
         return True
 
     def setattr(obj, name, value):
-        if dunder(name):
+        if dunder(name):  # noqa: F821 - profile_hook.py
             raise RuntimeError(BLOCKED_DUNDER)
         real_setattr(obj, name, value)
 
     def delattr(obj, name):
-        if dunder(name):
+        if dunder(name):  # noqa: F821 - profile_hook.py
             raise RuntimeError(BLOCKED_DUNDER)
         real_delattr(obj, name)
 
@@ -223,30 +357,3 @@ def _user_builtins(allowed, blocklist):
     own.update(__import__=guarded_import, getattr=getattr, hasattr=hasattr,
                setattr=setattr, delattr=delattr)  # fmt: skip
     return own
-
-
-def _audit_hook(namespace):
-    """The audit hook: see the module docstring. Its state lives in its closure only."""
-    getframe = sys._getframe
-    busy = [False]  # sys._getframe is audited too: the hook must not judge its own calls
-
-    def hook(event, args):
-        if busy[0]:
-            return
-        if event in GLOBAL_EVENTS:
-            raise RuntimeError(f"{event} blocked by sandbox")
-        if event in USER_EVENTS and not (event.startswith("object.") and dunder(args[1])):
-            return
-        busy[0] = True
-        try:
-            frame = getframe(1)
-            code_name = frame.f_code.co_filename
-            user = frame.f_globals is namespace or (
-                code_name.startswith("<") and not code_name.startswith(LIBRARY_PREFIXES)
-            )
-        finally:
-            busy[0] = False
-        if user:
-            raise RuntimeError(f"{event} blocked by sandbox")
-
-    return hook

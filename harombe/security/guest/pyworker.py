@@ -2,11 +2,14 @@
 
 Standard library only. The supervisor forks, makes the child the sandbox user (no
 capabilities left) and runs this source in it (``PY_WORKER_SOURCE``: ``wire.py``,
-``profile_layer.py``, then this file), then calls :func:`serve_python`: requests on fd 3 (the
-blob is the code), replies on fd 4, the code's output on fds 1 and 2. With ``$HAROMBE_PROFILE``
-set, the profile's runtime layer is applied before the first request is read; if it cannot be,
-every call fails with the reason and runs nothing. A request with no code runs nothing and takes
-no cell number (the host's check that the layer is on).
+``profile_hook.py``, ``profile_layer.py``, then this file), then calls :func:`serve_python`:
+requests on fd 3 (the blob is the code), replies on fd 4, the code's output on fds 1 and 2.
+With ``$HAROMBE_PROFILE`` set, the profile's runtime layer is applied before the first request
+is read; if it cannot be, every call fails with the reason and runs nothing. After each call on
+a profiled session the layer's check runs: a call that changed the layer is reported as
+leftover work, so the supervisor restarts the interpreter (``state_lost``) rather than run the
+next call unguarded. A request with no code runs nothing and takes no cell number (the host's
+check that the layer is on).
 
 What a call sets up that could act later is undone when it ends: itimers are disarmed, signal
 handlers it installed are reset (a POSIX timer it armed then signals a default action, which
@@ -288,9 +291,10 @@ def serve_python():
     """The worker's loop: run each request's code in one namespace; never returns."""
     interpreter = _Interpreter()
     spec = os.environ.pop(PROFILE_ENV, None)
+    layer_check = None
     if spec is not None:
         try:
-            apply_profile(spec, interpreter.namespace)
+            layer_check = apply_profile(spec, interpreter.namespace)
         except Exception as exc:  # reported by every call, which then runs nothing
             interpreter.refusal = str(exc) or type(exc).__name__
     # Everything alive now is the interpreter's own: keep the collector off those pages so
@@ -301,4 +305,10 @@ def serve_python():
         if frame is None:
             os._exit(0)
         reply, tail = interpreter.call(frame[0], frame[1])
+        if layer_check is not None:
+            # A call that changed the profile's layer must not leave the next one unguarded:
+            # reported as pending work, it makes the supervisor restart this interpreter.
+            changed = layer_check(interpreter.namespace)
+            if changed is not None:
+                reply["leftover"] = [changed]
         write_frame(4, reply, tail)

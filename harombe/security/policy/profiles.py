@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harombe.errors import ConfigError
 from harombe.security.policy import profile_values as values
+from harombe.security.policy.profile_values import short
 
 AuditMode = Literal["enforce", "observe"]
 #: The scan stages harombe knows, in the order a profile usually lists them.
@@ -53,6 +54,35 @@ _TOP_KEYS = ("name", "description", "extends", "imports", "blocklist", "resource
 _IMPORT_KEYS = ("allowed", "additional")
 _RESOURCE_KEYS = ("memory", "cpu", "timeout_max", "subprocess_memory_mb")
 _STAGE_KEYS = ("pre", "post")
+#: Modules no profile may allow: each hands code what the guardrails exist to withhold.
+REFUSED_IMPORTS = {
+    "builtins": "the real builtins (open, exec, __import__)",
+    "gc": "every live object, the runtime layer's own included",
+    "ctypes": "foreign code and raw memory",
+    "_ctypes": "foreign code and raw memory",
+    "importlib": "imports by a computed name, past the allowlist",
+    "_imp": "imports by a computed name, past the allowlist",
+    "_frozen_importlib": "imports by a computed name, past the allowlist",
+    "_frozen_importlib_external": "imports by a computed name, past the allowlist",
+}
+#: Modules a profile may allow, with a warning when it is loaded: the scans judge their
+#: members one by one, not the module as a whole.
+WARNED_IMPORTS = {
+    "os": "files, the environment and processes",
+    "posix": "files, the environment and processes",
+    "sys": "every loaded module (sys.modules) and the interpreter's state",
+    "subprocess": "processes",
+    "socket": "the network",
+    "signal": "signal handlers",
+    "shutil": "files",
+    "pathlib": "files",
+    "io": "files",
+    "tempfile": "files",
+    "multiprocessing": "processes",
+    "pickle": "unpickling, which runs code",
+    "marshal": "code objects",
+    "inspect": "frames and their globals",
+}
 _NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")
 _MODULE = re.compile(r"[A-Za-z_]\w*")
 _DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -116,6 +146,18 @@ class Profile(BaseModel):
         }
 
 
+def import_warnings(profile: Profile) -> list[str]:
+    """Why ``profile``'s allowed imports deserve a warning (empty: none do), one text per
+    module of :data:`WARNED_IMPORTS` it allows."""
+    return [
+        f"profile '{profile.name}' allows importing '{module}', which reaches "
+        f"{WARNED_IMPORTS[module]}: the scans refuse only its members they know by name, so "
+        "the runtime layer and gVisor are what contain such code; drop it unless needed"
+        for module in profile.allowed_imports
+        if module in WARNED_IMPORTS
+    ]
+
+
 def resolve_profiles(documents: Mapping[str, Mapping[str, Any]]) -> dict[str, Profile]:
     """Every profile of ``documents`` (profile name → its parsed YAML mapping), resolved.
 
@@ -148,7 +190,7 @@ def _resolve(
         if not isinstance(parent_name, str) or parent_name not in documents:
             known = ", ".join(sorted(documents))
             raise ConfigError(
-                f"profile '{name}' extends {parent_name!r}, which is not a profile (known: "
+                f"profile '{name}' extends {short(parent_name)}, which is not a profile (known: "
                 f"{known}); fix its extends key"
             )
         parent = _resolve(parent_name, documents, resolved, (*chain, name))
@@ -159,7 +201,7 @@ def _resolve(
 def _document(name: str, document: object) -> Mapping[str, Any]:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(
-            f"profile name {name!r} is not allowed; use 1-64 characters of a-z, 0-9, '-', '_' "
+            f"profile name {short(name)} is not allowed; use 1-64 characters of a-z, 0-9, '-', '_' "
             "and '.', starting with a letter or digit"
         )
     if not isinstance(document, Mapping):
@@ -170,8 +212,8 @@ def _document(name: str, document: object) -> Mapping[str, Any]:
     given = document.get("name", name)
     if given != name:
         raise ConfigError(
-            f"profile '{name}' has name {given!r}; a profile's name key must match the name it "
-            f"is loaded as (its file's stem): set name: {name}"
+            f"profile '{name}' has name {short(given)}; a profile's name key must match the "
+            f"name it is loaded as (its file's stem): set name: {name}"
         )
     return document
 
@@ -183,8 +225,9 @@ def _build(name: str, document: Mapping[str, Any], parent: Profile | None) -> Pr
     for module in preimports:
         if module.split(".")[0] not in allowed:
             raise ConfigError(
-                f"profile '{name}': preimport {module!r} is not an allowed import; add "
-                f"{module.split('.')[0]!r} to imports.additional or drop it from preimport"
+                f"profile '{name}': preimport {short(module)} is not an allowed import; add "
+                f"{short(module.split('.')[0])} to imports.additional or drop it from "
+                "preimport"
             )
     pre, post = _stages(name, document.get("scan_stages"), parent)
     return Profile(
@@ -208,6 +251,15 @@ def _imports(name: str, section: object, parent: Profile | None) -> set[str]:
     values.known_keys(name, "imports.", section, _IMPORT_KEYS)
     allowed = _modules(name, "imports.allowed", section.get("allowed"), dotted=False)
     additional = _modules(name, "imports.additional", section.get("additional"), dotted=False)
+    for key, modules in (("imports.allowed", allowed), ("imports.additional", additional)):
+        refused = [module for module in modules or () if module in REFUSED_IMPORTS]
+        if refused:
+            module = refused[0]
+            raise ConfigError(
+                f"profile '{name}': {key} lists '{module}', which hands code "
+                f"{REFUSED_IMPORTS[module]} and undoes the guardrails; remove it (no profile "
+                f"may allow {', '.join(sorted(REFUSED_IMPORTS))})"
+            )
     result = set(allowed) if allowed is not None else base
     return result | set(additional or ())
 
@@ -220,7 +272,7 @@ def _modules(name: str, key: str, value: object, *, dotted: bool) -> list[str] |
     for entry in entries:
         if not isinstance(entry, str) or not form.fullmatch(entry):
             what = "module names" if dotted else "top-level module names (no dots)"
-            raise ConfigError(f"profile '{name}': {key} holds {entry!r}; it lists {what}")
+            raise ConfigError(f"profile '{name}': {key} holds {short(entry)}; it lists {what}")
     return list(dict.fromkeys(entries))
 
 
@@ -236,7 +288,7 @@ def _blocklist(name: str, value: object, parent: Profile | None) -> tuple[tuple[
             or not _MODULE.fullmatch(entry[1])
         ):
             raise ConfigError(
-                f"profile '{name}': blocklist entry {entry!r} is not [module, attribute] "
+                f"profile '{name}': blocklist entry {short(entry)} is not [module, attribute] "
                 "(e.g. [scipy.io, loadmat])"
             )
         entries.append((entry[0], entry[1]))
@@ -277,7 +329,7 @@ def _stages(
             if not all(isinstance(stage, str) for stage in stages):
                 raise ConfigError(
                     f"profile '{name}': scan_stages.{phase} lists stage names (known: "
-                    f"{', '.join(STAGES)}), not {stages!r}"
+                    f"{', '.join(STAGES)}), not {short(stages)}"
                 )
             phases[phase] = tuple(stages)
     return phases["pre"], phases["post"]
@@ -294,7 +346,7 @@ def _audit(name: str, value: object, parent: Profile | None) -> tuple[tuple[str,
     for layer, mode in layers.items():
         if mode not in get_args(AuditMode):
             raise ConfigError(
-                f"profile '{name}': audit.mode.{layer} is {mode!r}; use enforce or observe"
+                f"profile '{name}': audit.mode.{layer} is {short(mode)}; use enforce or observe"
             )
         modes[layer] = mode
     return tuple(sorted(modes.items()))

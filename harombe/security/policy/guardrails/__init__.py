@@ -7,8 +7,10 @@ structure: imports, builtins, attributes, dunders; :mod:`.ast_scan`) and ``block
 says why the code could not be read (``SyntaxError: '(' was never closed (line 1)``).
 
 :func:`run_stages` runs a phase's stages in order and stops at the first that refuses the
-code. A stage in ``observe`` mode reports without refusing: its report is kept and the later
-stages still run, so an observed stage never hides an enforced one. An unknown stage name is a
+code. A stage in ``observe`` mode reports without refusing: its findings are kept and the
+later stages still run, so an observed stage never hides an enforced one; when several
+observed stages report, their findings are merged into one report (``stage`` lists them,
+``findings`` says which stage found what). An unknown stage name is a
 refusal of its own (a typo must not switch the guardrails off). Pure: no I/O, no clock.
 
 These scans are one layer of several: what they cannot see statically (attribute names
@@ -26,7 +28,7 @@ from typing import Literal
 from harombe.errors import InvalidArgumentError
 from harombe.security.policy.guardrails.ast_scan import ast_scan, scan_tree
 from harombe.security.policy.guardrails.blocklist_audit import audit_tree, blocklist_audit
-from harombe.security.policy.guardrails.source import MAX_SOURCE_CHARS, parse, require_str
+from harombe.security.policy.guardrails.source import MAX_SOURCE_CHARS, Names, parse, require_str
 from harombe.security.policy.profiles import STAGES, Profile
 
 __all__ = [
@@ -43,8 +45,8 @@ STAGE_FUNCTIONS: dict[str, Callable[[str, Profile], list[str]]] = {
     "ast_scan": ast_scan,
     "blocklist_audit": blocklist_audit,
 }
-#: The same scans of a tree: run_stages parses the code once for all its stages.
-_TREE_STAGES: dict[str, Callable[[ast.Module, Profile], list[str]]] = {
+#: The same scans of a tree: run_stages parses the code, and reads its names, once for all.
+_TREE_STAGES: dict[str, Callable[[ast.Module, Profile, Names], list[str]]] = {
     "ast_scan": scan_tree,
     "blocklist_audit": audit_tree,
 }
@@ -54,12 +56,18 @@ assert tuple(STAGE_FUNCTIONS) == tuple(_TREE_STAGES) == STAGES
 @dataclass(frozen=True)
 class ScanReport:
     """What a phase's scan decided. ``stage`` is the stage that reported (None: every stage
-    passed); ``violations`` its texts; ``enforced`` False when that stage is in observe mode,
-    so the code may run and the report is only logged."""
+    passed; observed stages merged: their names joined by ``", "``); ``violations`` its texts;
+    ``enforced`` False when the report is observe mode's, so the code may run and the report
+    is only logged; ``findings`` each violation with the stage that found it."""
 
     stage: str | None
     violations: tuple[str, ...]
     enforced: bool
+    findings: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.findings and self.stage is not None:
+            object.__setattr__(self, "findings", tuple((self.stage, v) for v in self.violations))
 
     @property
     def rejected(self) -> bool:
@@ -74,8 +82,9 @@ def run_stages(code: str, profile: Profile, phase: Literal["pre", "post"] = "pre
     if phase not in ("pre", "post"):
         raise InvalidArgumentError(f"phase must be 'pre' or 'post', not {phase!r}")
     stages = profile.scan_pre if phase == "pre" else profile.scan_post
-    observed: ScanReport | None = None
+    observed: list[ScanReport] = []
     tree: ast.Module | list[str] | None = None
+    names: Names | None = None
     for stage in stages:
         scan = _TREE_STAGES.get(stage)
         if scan is None:
@@ -84,11 +93,27 @@ def run_stages(code: str, profile: Profile, phase: Literal["pre", "post"] = "pre
                 stage, (f"Unknown scan stage '{stage}' (known stages: {known})",), enforced=True
             )
         tree = parse(code) if tree is None else tree
-        violations = tree if isinstance(tree, list) else scan(tree, profile)
+        if isinstance(tree, list):
+            violations = tree
+        else:
+            names = Names(tree) if names is None else names
+            violations = scan(tree, profile, names)
         if not violations:
             continue
         report = ScanReport(stage, tuple(violations), enforced=profile.mode(stage) == "enforce")
         if report.enforced:
             return report
-        observed = observed or report
-    return observed or ScanReport(None, (), enforced=True)
+        observed.append(report)
+    return _merged(observed) if observed else ScanReport(None, (), enforced=True)
+
+
+def _merged(reports: list[ScanReport]) -> ScanReport:
+    """One observe-mode report of every observed stage's findings, in stage order."""
+    if len(reports) == 1:
+        return reports[0]
+    return ScanReport(
+        ", ".join(str(report.stage) for report in reports),
+        tuple(dict.fromkeys(v for report in reports for v in report.violations)),
+        enforced=False,
+        findings=tuple(finding for report in reports for finding in report.findings),
+    )

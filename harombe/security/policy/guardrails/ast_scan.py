@@ -20,8 +20,15 @@ Refused, each as ``Line N: <what>``:
   literals, strings built from literals (``"__glo" + "bals__"``, ``chr(95) * 2``), and fields
   of format strings (``"{0.__globals__}"``).
 
+* class patterns that could read an attribute named at run time: positional sub-patterns
+  (they read what ``__match_args__`` names) unless the class is a builtin self-matching type
+  under its own name (``case int(n)``); ``__match_args__``, ``__instancecheck__``,
+  ``__subclasscheck__``, ``__subclasshook__`` bound, even in a class body;
+* a computed key into a namespace (``globals()[k]``, ``x.__dict__[k]``, ``sys.modules[k]``).
+
 String annotations are scanned as code (``typing.get_type_hints`` evaluates them), and
-``__annotations__`` may not be reached or bound.
+``__annotations__`` may not be reached or bound. The walk spends a budget
+(:class:`~.folding.Budget`): past it the code is one "too complex" violation.
 
 Identifiers reach the scan as Python reads them (NFKC: ``ｅval`` is ``eval``); strings are
 normalised the same way before they are judged.
@@ -32,14 +39,19 @@ from __future__ import annotations
 import ast
 
 from harombe.security.policy.guardrails import attributes
-from harombe.security.policy.guardrails.source import Names, Violations, fold, parse
+from harombe.security.policy.guardrails.folding import Budget, Folder
+from harombe.security.policy.guardrails.source import Names, Violations, parse
 from harombe.security.policy.guardrails.tables import (
     BINDABLE_DUNDERS,
     BLOCKED_BUILTINS,
     DUNDER,
     DYNAMIC_ATTRIBUTE_CALLS,
     DYNAMIC_ITEM_CALLS,
+    MATCH_DUNDERS,
+    NAMESPACE_ATTRIBUTES,
+    NAMESPACE_CALLS,
     READABLE_DUNDERS,
+    SELF_MATCHING_TYPES,
     UNBINDABLE_DUNDERS,
 )
 from harombe.security.policy.profiles import Profile
@@ -62,13 +74,15 @@ def ast_scan(code: str, profile: Profile) -> list[str]:
     return tree if isinstance(tree, list) else scan_tree(tree, profile)
 
 
-def scan_tree(tree: ast.Module, profile: Profile) -> list[str]:
-    """:func:`ast_scan` of code already parsed."""
+def scan_tree(tree: ast.Module, profile: Profile, names: Names | None = None) -> list[str]:
+    """:func:`ast_scan` of code already parsed (``names``: the tree's, if already read)."""
     try:
-        scan = _Scan(tree, profile)
+        scan = _Scan(tree, profile, names or Names(tree))
         scan.run(tree)
     except (RecursionError, MemoryError) as exc:
         return [f"Code is nested too deeply to analyse ({type(exc).__name__}); flatten it"]
+    if scan.budget.exceeded is not None:
+        return [scan.budget.exceeded]
     return scan.found.texts()
 
 
@@ -93,11 +107,13 @@ class _Scan:
     """One walk over the tree; ``visit_<node type>`` is called for each node, parents first,
     with the kind of scope the node binds names in (module, function or class)."""
 
-    def __init__(self, tree: ast.Module, profile: Profile) -> None:
+    def __init__(self, tree: ast.Module, profile: Profile, names: Names) -> None:
         self.profile = profile
-        self.names = Names(tree)
+        self.names = names
         self.found = Violations()
         self.called: set[int] = set()  # ids of nodes that are the function of a call
+        self.budget = Budget()
+        self.fold = Folder(self.budget).fold
         self._visitors = {
             kind: method
             for kind in _NODE_TYPES
@@ -106,8 +122,11 @@ class _Scan:
 
     def run(self, tree: ast.AST) -> None:
         stack: list[tuple[ast.AST, str]] = [(tree, "module")]
+        budget = self.budget
         while stack:
             node, scope = stack.pop()
+            if not budget.nodes(1):
+                return
             visit = self._visitors.get(type(node))
             if visit is not None:
                 visit(node, scope)
@@ -177,7 +196,8 @@ class _Scan:
         if not DUNDER.fullmatch(name) or name in BINDABLE_DUNDERS:
             return
         if scope != "class" or name in UNBINDABLE_DUNDERS:
-            self.found.add(node, f"assignment to '{name}' is not allowed")
+            why = " (it decides what class patterns match)" if name in MATCH_DUNDERS else ""
+            self.found.add(node, f"assignment to '{name}' is not allowed{why}")
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef, scope: str) -> None:
         self._bind(node, node.name, scope)
@@ -244,6 +264,26 @@ class _Scan:
             )
             if problem or DUNDER.fullmatch(attr):
                 self.found.add(node, f"class pattern reading attribute '{attr}' is not allowed")
+        if node.patterns and not self._self_matching(node.cls):
+            name = self.names.dotted(node.cls) or "C"
+            builtins = ", ".join(sorted(SELF_MATCHING_TYPES))
+            self.found.add(
+                node,
+                f"positional sub-pattern in class pattern '{name}(...)' is not allowed: it "
+                "reads the attributes the class's __match_args__ names, which code can set at "
+                f"run time; match by keyword ('case {name}(x=...)'); only the builtin types "
+                f"{builtins} take a positional sub-pattern",
+            )
+
+    def _self_matching(self, cls: ast.AST) -> bool:
+        """``cls`` is a builtin type that matches the subject itself, under its own name
+        (not bound anywhere in the code, no star import that could bind it)."""
+        return (
+            isinstance(cls, ast.Name)
+            and cls.id in SELF_MATCHING_TYPES
+            and cls.id not in self.names.candidates
+            and not self.names.star_modules
+        )
 
     # -- attributes and calls --------------------------------------------------------------
 
@@ -285,7 +325,7 @@ class _Scan:
             return
         names = node.args[:1] if function == "methodcaller" else node.args
         for arg in names:
-            text = fold(arg) if not isinstance(arg, ast.Starred) else None
+            text = self.fold(arg) if not isinstance(arg, ast.Starred) else None
             if text is None and function in DYNAMIC_ATTRIBUTE_CALLS:
                 self.found.add(
                     node,
@@ -302,9 +342,33 @@ class _Scan:
     # -- strings ---------------------------------------------------------------------------
 
     def visit_Subscript(self, node: ast.Subscript, scope: str) -> None:
-        key = fold(node.slice)
+        key = self.fold(node.slice)
         if key is not None and attributes.dangerous_key(key):
             self.found.add(node, f"subscript access with key '{key}' is not allowed")
+        namespace = self._namespace(node.value)
+        if key is None and namespace is not None and not isinstance(node.slice, ast.Slice):
+            self.found.add(
+                node,
+                f"subscript with a computed key into a namespace ('{namespace}') is not "
+                "allowed; use a literal key",
+            )
+
+    def _namespace(self, value: ast.AST) -> str | None:
+        """What ``value`` is when it is a namespace (name → object): a call of ``globals``,
+        ``locals``, ``vars``; a ``__dict__``/``__globals__``/``f_globals``… attribute;
+        ``__builtins__``; ``sys.modules``."""
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+            return f"{value.func.id}()" if value.func.id in NAMESPACE_CALLS else None
+        if isinstance(value, ast.Name):
+            return value.id if value.id == "__builtins__" else None
+        if not isinstance(value, ast.Attribute):
+            return None
+        if value.attr in NAMESPACE_ATTRIBUTES:
+            return f".{value.attr}"
+        owners = [*self.names.owners(value.value), self.names.dotted(value.value)]
+        if value.attr == "modules" and "sys" in owners:
+            return "sys.modules"
+        return None
 
     def visit_Constant(self, node: ast.Constant, scope: str) -> None:
         if isinstance(node.value, str):
@@ -312,7 +376,7 @@ class _Scan:
                 self.found.add(node, problem)
 
     def _built_string(self, node: ast.AST) -> None:
-        text = fold(node)
+        text = self.fold(node)
         if text is not None:
             for problem in attributes.in_string(text, built=True):
                 self.found.add(node, problem)

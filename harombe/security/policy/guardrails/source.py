@@ -1,30 +1,29 @@
-"""What both scans share: reading the code into a tree, the violation list, what a name
-denotes, and the value of a string the code builds from literals.
+"""What both scans share: reading the code into a tree, the violation list, and what a name
+denotes (the value of a string built from literals is :mod:`.folding`'s).
 
 Reading refuses, as one violation each and never an exception: code over
 :data:`MAX_SOURCE_CHARS`, a source encoding declaration other than UTF-8 (code run from bytes
 honours it, so ``# coding: utf-7`` would make the interpreter read other code than the scan
-did), code that does not parse (Python's own message and line), and code nested too deeply
-for the parser. Code that is not a ``str`` is a caller's mistake: :class:`InvalidArgumentError`.
+did), code that does not parse (Python's own message and line), code nested too deeply
+for the parser, and code of more than :data:`~.folding.MAX_SCAN_NODES` syntax nodes. Code
+that is not a ``str`` is a caller's mistake: :class:`InvalidArgumentError`.
 """
 
 from __future__ import annotations
 
 import ast
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from harombe.errors import InvalidArgumentError
+from harombe.security.policy.guardrails.folding import MAX_SCAN_NODES, too_complex
 from harombe.security.policy.guardrails.tables import CODING_COOKIE, UTF8_NAMES
 
 #: The longest code the scans read (characters).
 MAX_SOURCE_CHARS = 1_000_000
 #: Violations listed per scan; past it one line says how many more there were.
 MAX_VIOLATIONS = 100
-#: The longest string :func:`fold` builds (``"_" * 10**9`` is not built).
-MAX_FOLDED_CHARS = 10_000
-_MAX_FOLD_DEPTH = 64
 
 
 def parse(code: object) -> ast.Module | list[str]:
@@ -43,7 +42,7 @@ def parse(code: object) -> ast.Module | list[str]:
                 "send UTF-8 code without one"
             ]
     try:
-        return ast.parse(code)
+        tree = ast.parse(code)
     except SyntaxError as exc:
         where = f" (line {exc.lineno})" if exc.lineno else ""
         return [f"SyntaxError: {exc.msg}{where}"]
@@ -51,6 +50,18 @@ def parse(code: object) -> ast.Module | list[str]:
         return [f"Code is nested too deeply to analyse ({type(exc).__name__}); flatten it"]
     except ValueError as exc:  # older parsers: null bytes
         return [f"SyntaxError: {exc}"]
+    if _node_count(tree, MAX_SCAN_NODES + 1) > MAX_SCAN_NODES:
+        return [too_complex(f"more than {MAX_SCAN_NODES:,} syntax nodes")]
+    return tree
+
+
+def _node_count(tree: ast.AST, limit: int) -> int:
+    """The nodes of ``tree``, counted up to ``limit``."""
+    count, stack = 0, [tree]
+    while stack and count < limit:
+        count += 1
+        stack.extend(ast.iter_child_nodes(stack.pop()))
+    return count
 
 
 def require_str(code: object) -> str:
@@ -218,104 +229,3 @@ class Names:
 def normal(text: str) -> str:
     """``text`` as Python would read it as an identifier (NFKC: ``ｅval`` is ``eval``)."""
     return unicodedata.normalize("NFKC", text) if not text.isascii() else text
-
-
-def fold(node: ast.AST, depth: int = 0) -> str | None:
-    """The string ``node`` evaluates to when it is built from literals alone: concatenation,
-    repetition, f-strings of literals, ``chr(95)``, ``"".join([...])``, slices, ``.lower()``,
-    ``.upper()``, ``.replace()``, ``b"…".decode()``. None when it is not (or is too long)."""
-    if depth > _MAX_FOLD_DEPTH:
-        return None
-    if isinstance(node, ast.Constant):
-        return node.value if isinstance(node.value, str) else None
-    if isinstance(node, ast.JoinedStr):
-        parts = [fold(value, depth + 1) for value in node.values]
-        return _capped("".join(p for p in parts if p is not None)) if None not in parts else None
-    if isinstance(node, ast.FormattedValue):
-        plain = node.conversion in (-1, ord("s")) and node.format_spec is None
-        return fold(node.value, depth + 1) if plain else None
-    if isinstance(node, ast.BinOp):
-        return _fold_binop(node, depth)
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Slice):
-        return _fold_slice(node, depth)
-    if isinstance(node, ast.Call):
-        return _fold_call(node, depth)
-    return None
-
-
-def _capped(text: str) -> str | None:
-    return text if len(text) <= MAX_FOLDED_CHARS else None
-
-
-def _int(node: ast.AST | None) -> int | None:
-    if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        inner = _int(node.operand)
-        return -inner if inner is not None else None
-    return None
-
-
-def _fold_binop(node: ast.BinOp, depth: int) -> str | None:
-    if isinstance(node.op, ast.Add):
-        left, right = fold(node.left, depth + 1), fold(node.right, depth + 1)
-        return _capped(left + right) if left is not None and right is not None else None
-    if isinstance(node.op, ast.Mult):
-        for text_node, count_node in ((node.left, node.right), (node.right, node.left)):
-            text, count = fold(text_node, depth + 1), _int(count_node)
-            if text is not None and count is not None:
-                return _capped(text * count) if len(text) * count <= MAX_FOLDED_CHARS else None
-    return None
-
-
-def _fold_slice(node: ast.Subscript, depth: int) -> str | None:
-    text = fold(node.value, depth + 1)
-    cut = node.slice
-    assert isinstance(cut, ast.Slice)
-    bounds = [None if part is None else _int(part) for part in (cut.lower, cut.upper, cut.step)]
-    given = [part for part in (cut.lower, cut.upper, cut.step) if part is not None]
-    if text is None or len([b for b in bounds if b is not None]) != len(given) or bounds[2] == 0:
-        return None
-    return text[bounds[0] : bounds[1] : bounds[2]]
-
-
-def _fold_call(node: ast.Call, depth: int) -> str | None:
-    func = node.func
-    if node.keywords or any(isinstance(arg, ast.Starred) for arg in node.args):
-        return None
-    if isinstance(func, ast.Name) and func.id == "chr" and len(node.args) == 1:
-        code = _int(node.args[0])
-        return chr(code) if code is not None and 0 <= code <= 0x10FFFF else None
-    if not isinstance(func, ast.Attribute):
-        return None
-    if func.attr == "decode" and not node.args and isinstance(func.value, ast.Constant):
-        raw = func.value.value
-        return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else None
-    base = fold(func.value, depth + 1)
-    if base is None:
-        return None
-    if func.attr == "join" and len(node.args) == 1:
-        items = node.args[0]
-        if not isinstance(items, ast.List | ast.Tuple):
-            return None
-        parts = [fold(item, depth + 1) for item in items.elts]
-        return _capped(base.join(p for p in parts if p is not None)) if None not in parts else None
-    args = [fold(arg, depth + 1) for arg in node.args]
-    strings = [arg for arg in args if arg is not None]
-    if len(strings) != len(args):
-        return None
-    if func.attr in _CASES and not strings:
-        return _CASES[func.attr](base)
-    if func.attr == "replace" and len(strings) == 2:
-        old, new = strings
-        if len(base) + len(new) * (len(base) + 1) > MAX_FOLDED_CHARS:
-            return None
-        return base.replace(old, new)
-    return None
-
-
-_CASES: dict[str, Callable[[str], str]] = {
-    "lower": str.lower,
-    "upper": str.upper,
-    "strip": str.strip,
-}

@@ -64,6 +64,8 @@ BLOCKED_DUNDERS = frozenset({
     # String annotations are evaluated (typing.get_type_hints, functools.singledispatch's
     # register): annotations written as code are scanned, ones set as data would not be.
     "__annotations__",
+    # Class-pattern machinery (MATCH_DUNDERS below).
+    "__match_args__", "__instancecheck__", "__subclasscheck__", "__subclasshook__",
 })  # fmt: skip
 
 #: Frame, generator, coroutine and traceback attributes: each reaches a frame's globals.
@@ -96,9 +98,31 @@ READABLE_DUNDERS = frozenset({
 #: ``__builtins__ =``) changes how the module is treated, so it is refused. Class bodies may
 #: bind dunders (``__init__``, ``__slots__``, ``__hash__ = None``).
 BINDABLE_DUNDERS = frozenset({"__all__", "__doc__", "__version__", "__author__", "__slots__"})
+#: Dunder names that decide what a class pattern matches and reads: ``__match_args__`` names
+#: the attributes positional sub-patterns read (a name built at run time makes ``case C(x)``
+#: a getattr the scan cannot see), and a metaclass ``__instancecheck__`` /
+#: ``__subclasscheck__`` / ABC ``__subclasshook__`` makes ``C`` match any subject.
+MATCH_DUNDERS = frozenset({
+    "__match_args__", "__instancecheck__", "__subclasscheck__", "__subclasshook__",
+})  # fmt: skip
 #: Dunder names not even a class body may bind (a class's ``__annotations__`` copied onto a
-#: function by functools.wraps would be evaluated by singledispatch's register).
-UNBINDABLE_DUNDERS = frozenset({"__annotations__"})
+#: function by functools.wraps would be evaluated by singledispatch's register; the class
+#: pattern machinery). ``__getattr__``, ``__getattribute__``, ``__class_getitem__`` and
+#: ``__set_name__`` stay bindable: they change only how the class's own objects answer, and
+#: forwarding a name to another object needs a generic getattr, which is refused.
+UNBINDABLE_DUNDERS = frozenset({"__annotations__"}) | MATCH_DUNDERS
+#: Builtin types whose class pattern matches the subject itself (``case int(n)``): the only
+#: classes a positional sub-pattern may follow, and only under their own, unbound names.
+SELF_MATCHING_TYPES = frozenset({
+    "bool", "bytearray", "bytes", "dict", "float", "frozenset", "int", "list", "set", "str",
+    "tuple",
+})  # fmt: skip
+#: Attributes that are namespaces (name → object): a computed key into one reads any name.
+NAMESPACE_ATTRIBUTES = frozenset({
+    "__dict__", "__globals__", "__builtins__", "f_globals", "f_locals", "f_builtins",
+})  # fmt: skip
+#: Builtins whose call returns a namespace.
+NAMESPACE_CALLS = frozenset({"globals", "locals", "vars"})
 #: Dunder attributes a format-string field may read without harm.
 FORMAT_HARMLESS_DUNDERS = frozenset({"__name__", "__qualname__", "__doc__", "__module__"})
 
