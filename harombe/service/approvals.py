@@ -58,6 +58,7 @@ class AuditFeed:
         self._subscribers: set[_Subscriber] = set()
         self._queue_size = subscriber_queue
         self._seq = 0
+        self._closed = False
 
     def publish(self, event: dict[str, Any]) -> None:
         self._seq += 1
@@ -72,7 +73,10 @@ class AuditFeed:
         """Recent events, then new ones as they come; ends when the subscriber falls behind
         or the feed closes."""
         subscriber = _Subscriber(self._queue_size)
-        self._subscribers.add(subscriber)
+        if self._closed:
+            subscriber.offer(None)  # closed: the recent events, then the end
+        else:
+            self._subscribers.add(subscriber)
         try:
             for event in list(self.recent):
                 yield event
@@ -85,7 +89,8 @@ class AuditFeed:
             self._subscribers.discard(subscriber)
 
     def close(self) -> None:
-        """End every subscriber's stream (at shutdown)."""
+        """End every subscriber's stream, and those of later followers (at shutdown)."""
+        self._closed = True
         for subscriber in list(self._subscribers):
             subscriber.offer(None)
         self._subscribers.clear()
@@ -135,8 +140,11 @@ class ApprovalBroker:
     def __init__(self, feed: AuditFeed) -> None:
         self.feed = feed
         self._pending: dict[str, Pending] = {}
+        self._closed: str | None = None
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
+        if self._closed is not None:  # shutting down: nobody will come to decide it
+            return ApprovalResponse(False, approver=self.name, comment=self._closed)
         answer: asyncio.Future[ApprovalResponse] = asyncio.get_running_loop().create_future()
         pending = Pending(secrets.token_hex(8), request, current_tenant.get(), time.time(), answer)
         self._pending[pending.approval_id] = pending
@@ -160,7 +168,9 @@ class ApprovalBroker:
                 log.info("approval.expired", approval_id=pending.approval_id)
 
     def deny_all(self, why: str) -> int:
-        """Deny every held approval (at shutdown); how many were held."""
+        """Deny every held approval, and every later request, with ``why`` (at shutdown);
+        how many were held."""
+        self._closed = why
         held = [p for p in self._pending.values() if not p.answer.done()]
         for pending in held:
             pending.answer.set_result(ApprovalResponse(False, approver=self.name, comment=why))

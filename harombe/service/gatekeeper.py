@@ -22,12 +22,20 @@ PUBLIC = frozenset({"/healthz", "/openapi.json", "/docs", "/docs/oauth2-redirect
 
 
 def host_name(header: str | None) -> str | None:
-    """The host part of a ``Host`` header (``[::1]:8000`` → ``::1``)."""
+    """The host part of a ``Host`` header as DNS reads it (``[::1]:8000`` → ``::1``,
+    ``LocalHost.`` → ``localhost``); ``None`` when it is not one host and at most a port."""
     if not header:
         return None
     if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else None
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+        end = header.find("]")
+        rest = header[end + 1 :] if end > 0 else "?"
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return None  # "[::1].attacker.example": not a bracketed address and a port
+        return header[1:end]
+    name, _, port = header.partition(":")
+    if port and not port.isdigit():
+        return None
+    return name.lower().removesuffix(".") or None
 
 
 def refusal(service: Service, scope: Scope) -> HTTPProblem | None:

@@ -129,7 +129,7 @@ async def assert_no_leak(manager: SandboxManager) -> None:
     await manager.wait_pool_settled()
     found = await manager.docker.list_containers({LABEL_MANAGER: manager.manager_id})
     in_docker = {c.labels.get(LABEL_SANDBOX, c.id) for c in found}
-    pooled = {sid for lang in LANGUAGES for sid in manager.pool.ready(manager.pool_key(lang))}
+    pooled = set(manager.pool.all_ready())  # every key's: profiles' pools too
     assert in_docker == set(manager.sandboxes) | pooled
 
 

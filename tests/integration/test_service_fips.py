@@ -31,6 +31,14 @@ scan_stages:
 audit:
   mode: {runtime: observe}
 """
+#: A user profile whose timeout_max is 1 s: it caps a request's longer timeout.
+BRIEF_PROFILE = """\
+name: brief
+description: minimal with a 1 s ceiling (tests only)
+extends: minimal
+resources:
+  timeout_max: 1
+"""
 MINIMAL_IMPORTS = sorted(
     [
         "math",
@@ -59,9 +67,10 @@ async def fips(
 ) -> AsyncIterator[tuple[Service, str]]:
     profiles = tmp_path_factory.mktemp("profiles")
     (profiles / "lab.yaml").write_text(LAB_PROFILE)
+    (profiles / "brief.yaml").write_text(BRIEF_PROFILE)
     config = service_config(
         {"security": {"profiles": {"directory": str(profiles)}},
-         "service": {"request_profiles": ["lab"]}}
+         "service": {"request_profiles": ["lab", "brief"]}}
     )  # fmt: skip
     async with live_service(docker_manager, config) as running:
         yield running
@@ -166,6 +175,16 @@ async def test_timeout_kills_the_run_and_keeps_earlier_output(fips: tuple[Servic
     assert body["timed_out"] is True and body["exit_code"] == -9
     assert body["stderr"] == "Execution timed out after 1.0s"
     assert body["stdout"] == "before\n"
+
+
+async def test_the_profiles_timeout_max_caps_the_requests_timeout(
+    fips: tuple[Service, str],
+) -> None:
+    """A 10 s request under a profile whose timeout_max is 1 s is killed after 1 s."""
+    code = "print('start', flush=True)\nwhile True:\n    pass"
+    status, body = await post(fips[1], {"code": code, "timeout": 10, "profile": "brief"})
+    assert (status, body["timed_out"], body["exit_code"]) == (200, True, -9)
+    assert body["stderr"] == "Execution timed out after 1.0s" and body["stdout"] == "start\n"
 
 
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])

@@ -207,3 +207,19 @@ def test_debian_mirror_comes_from_apt_sources(tmp_path: Path) -> None:
     assert (
         debian_mirror({"HAROMBE_DEBIAN_MIRROR": "http://m/debian"}, tmp_path) == "http://m/debian"
     )
+
+
+def test_the_supervisor_argument_fits_linuxs_limit_and_unpacks_to_the_source() -> None:
+    """``python3 -c``'s argument stays under Linux's 128 KiB per argument (runc refuses more)
+    and runs exactly the joined supervisor source."""
+    import base64
+    import re as _re
+    import zlib
+
+    from harombe.security.guest import SUPERVISOR_SOURCE
+    from harombe.security.runtime.sandbox import MAX_ARG_BYTES, SUPERVISOR_BOOT
+
+    assert len(SUPERVISOR_BOOT.encode()) < MAX_ARG_BYTES
+    packed = _re.search(r"a2b_base64\('([^']*)'\)", SUPERVISOR_BOOT)
+    assert packed is not None
+    assert zlib.decompress(base64.b64decode(packed.group(1))).decode() == SUPERVISOR_SOURCE

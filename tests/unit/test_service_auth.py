@@ -52,6 +52,25 @@ def test_bad_token_entries_are_refused_without_echoing_the_secret(
     assert SECRET not in str(caught.value) and "short" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("secret", "accepted"),
+    [("x" * 15, False), ("x" * 16, True), ("x" * 512, True), ("x" * 513, False),
+     ("token-with space-0123", False), ("token-with-tab\t-0123", False),
+     ("tökén-0123456789abcdef", False), ("token\x7f-0123456789ab", False),
+     ("Az09-_.~+/=!#$%&*@^|", True)],
+    ids=["15-chars", "16-chars", "512-chars", "513-chars", "space", "tab", "non-ascii",
+         "delete-char", "printable-punctuation"],
+)  # fmt: skip
+def test_token_text_boundaries(secret: str, accepted: bool) -> None:
+    """Tokens are 16 to 512 characters of printable ASCII without spaces."""
+    entry = {"name": "a", "token": secret}
+    if accepted:
+        assert table([entry]).lookup(secret) is not None
+    else:
+        with pytest.raises(ConfigError, match="token"):
+            table([entry])
+
+
 def test_lookup_finds_the_tenant_of_a_token() -> None:
     """A known token names its tenant; an unknown one, or a prefix of a known one, none."""
     other = hashlib.sha256(b"other-token-000000").hexdigest()

@@ -67,6 +67,10 @@ class WarmPool:
         """The ids of the sandboxes waiting for ``key`` now, oldest first."""
         return [box.sandbox_id for box in self._ready.get(key, ())]
 
+    def all_ready(self) -> list[str]:
+        """The ids of every sandbox waiting now, whatever its key (profiles included)."""
+        return [box.sandbox_id for boxes in self._ready.values() for box in boxes]
+
     async def claim(self, key: Hashable) -> Sandbox | None:
         """A ready, live sandbox for ``key`` (removed from the pool), or None; starts a refill.
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import re
 import secrets
 import socket
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,6 +19,14 @@ from harombe.errors import SandboxNotFoundError
 from harombe.security.guest import SUPERVISOR_SOURCE
 from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.channel import Channel
+
+#: Linux's limit on one argument (MAX_ARG_STRLEN): runc enforces it, gVisor does not.
+MAX_ARG_BYTES = 128 * 1024
+#: ``python3 -c``'s argument: the supervisor's source, compressed so the argument stays under
+#: :data:`MAX_ARG_BYTES` (zlib and binascii are built into Debian's interpreter: no import
+#: from disk at start).
+_PACKED = base64.b64encode(zlib.compress(SUPERVISOR_SOURCE.encode(), 9)).decode()
+SUPERVISOR_BOOT = f"import zlib,binascii;exec(zlib.decompress(binascii.a2b_base64({_PACKED!r})))"
 
 SANDBOX_ID = re.compile(r"^sandbox-[0-9a-f]{12}$")
 LABEL_MANAGED = "harombe.managed"
@@ -132,7 +142,7 @@ def container_spec(
     backstop_mb = limits.max_memory_mb + 2 * limits.max_disk_mb + TMP_MB + OVERHEAD_MB
     return {
         "image": image,
-        "command": ["python3", "-I", "-S", "-c", SUPERVISOR_SOURCE],
+        "command": ["python3", "-I", "-S", "-c", SUPERVISOR_BOOT],
         "name": f"harombe-{sandbox_id}",
         "hostname": "sandbox",
         # The supervisor is root with three capabilities so that user code, which it runs as
