@@ -7,6 +7,7 @@ sandbox is covered by tests/integration/test_profiles_live.py."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +251,10 @@ def test_the_worker_reads_the_spec_from_the_environment_variable_the_host_sets()
                      ["ok:  | the profile's runtime layer was changed (operator)",
                       "restarted: the profile's runtime layer was changed (operator)"],
                      id="operator-restored"),
+        pytest.param(["import json\njson.loads = json.JSONDecoder().decode", "1"],
+                     ["ok:  | the profile's runtime layer was changed (blocklist stub)",
+                      "restarted: the profile's runtime layer was changed (blocklist stub)"],
+                     id="stub-restored"),
         pytest.param(["x = 1", "print(x)"], ["ok: ", "ok: 1"], id="ordinary-session"),
     ],
 )  # fmt: skip
@@ -265,6 +270,41 @@ def test_a_workspace_module_never_shadows_an_allowed_one(tmp_path: Path) -> None
     (tmp_path / "textwrap.py").write_text("print('SHADOW')\n", encoding="utf-8")
     cells = ["import textwrap\nprint(textwrap.fill('a b', 10))"]
     assert run_cells(sys.executable, SPEC, cells, cwd=tmp_path) == ["ok: a b"]
+
+
+#: Starts as the worker does (the working directory first, the user site before the system
+#: sites), applies the layer from argv[3] and prints sys.path as the layer left it.
+PATH_RUNNER = r"""
+import json, sys
+sys.path[:] = ["", "/home/sandbox/.local/lib/site"] + sys.path + ["/usr/lib/python3/x"]
+source = "\n\n".join(open(p, encoding="utf-8").read() for p in json.loads(sys.argv[2]))
+scope = {"__name__": "harombe_worker"}
+exec(compile(source, "<harombe-worker>", "exec"), scope)
+scope["apply_profile"](sys.argv[3], {"__builtins__": __builtins__})
+print(json.dumps([sys.path, sys.dont_write_bytecode]))
+"""
+
+
+@pytest.mark.parametrize("enforce", [True, False], ids=["enforce", "observe"])
+def test_preimports_come_from_the_trusted_path_only(tmp_path: Path, enforce: bool) -> None:
+    """A workspace file named like a preimport never runs (in either mode); the enforced
+    layer's sys.path has no working directory and puts the user site after the system's."""
+    (tmp_path / "textwrap.py").write_text("raise SystemExit('SHADOW RAN')\n", encoding="utf-8")
+    spec = {**SPEC, "preimport": ["json", "textwrap"], "enforce": enforce,
+            "preimport_needed": ["harombe_no_such_module"]}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", BOOT, PATH_RUNNER, json.dumps(LAYER_PARTS),
+         json.dumps(spec)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+        env={"HOME": "/home/sandbox"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    path, no_bytecode = json.loads(done.stdout)
+    if enforce:
+        assert "" not in path and path[-1] == "/home/sandbox/.local/lib/site"
+        assert path.index("/usr/lib/python3/x") < path.index(path[-1]) and no_bytecode
+    else:
+        assert path[:2] == ["", "/home/sandbox/.local/lib/site"] and not no_bytecode
 
 
 HOOK = load(("wire.py", "profile_hook.py"), "harombe-worker")
@@ -319,3 +359,43 @@ def test_a_relative_path_may_not_climb(judge: Any) -> None:
     """A relative path with '..' is refused (it could be meant for a dir_fd elsewhere)."""
     allowed, _ = judge
     assert allowed("../etc/passwd", False) is False
+
+
+@pytest.mark.parametrize(
+    ("event", "args", "expected"),
+    [
+        pytest.param("os.mkdir", ("new", 0o777, 9), False, id="mkdir-dir-fd"),
+        pytest.param("os.mkdir", ("new", 0o777, -1), True, id="mkdir-cwd"),
+        pytest.param("os.rename", ("a", "b", -1, 9), False, id="rename-dst-dir-fd"),
+        pytest.param("os.remove", ("WORK/a", 9), True, id="absolute-with-dir-fd"),
+        pytest.param("open", ("a.csv", None, os.O_RDONLY), False, id="os-open-relative"),
+        pytest.param("open", ("WORK/a", None, os.O_RDONLY), True, id="os-open-absolute"),
+        pytest.param("open", ("a.csv", "r", os.O_RDONLY), True, id="builtin-open-relative"),
+        pytest.param("sqlite3.connect", ("data.db",), True, id="sqlite-relative"),
+        pytest.param("sqlite3.connect", (":memory:",), True, id="sqlite-memory"),
+        pytest.param("sqlite3.connect", ("file:data.db?mode=rwc",), True, id="sqlite-uri-local"),
+        pytest.param("sqlite3.connect", ("file:WORK/d.db",), True, id="sqlite-uri-absolute-ok"),
+        pytest.param("sqlite3.connect", ("file:/etc/passwd?mode=ro",), False, id="uri-outside"),
+        pytest.param("sqlite3.connect", ("file://localhost/etc/passwd",), False,
+                     id="uri-localhost"),
+        pytest.param("sqlite3.connect", ("file://host/x",), False, id="uri-remote-authority"),
+        pytest.param("sqlite3.connect", ("file:%2Fetc%2Fpasswd",), False, id="uri-escape"),
+        pytest.param("sqlite3.connect", ("file:../x",), False, id="uri-climb"),
+    ],
+)  # fmt: skip
+def test_the_hook_judges_dir_fd_os_open_and_sqlite_uris(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, event: str, args: tuple[Any, ...],
+    expected: bool,
+) -> None:  # fmt: skip
+    """A relative path given with a dir_fd, or to os.open, is refused (its directory is not
+    known); builtins.open's relative names stay allowed; a file: URI is judged by its path."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    hook = HOOK.audit_hook({}, [], (), (str(work),))
+    args = tuple(a.replace("WORK", str(work)) if isinstance(a, str) else a for a in args)
+    if expected:
+        assert hook(event, args) is None
+    else:
+        with pytest.raises(PermissionError):
+            hook(event, args)

@@ -507,3 +507,28 @@ def test_the_tools_scan_lists_every_observed_stage() -> None:
         "guardrail ast_scan (observe mode)",
         "guardrail blocklist_audit (observe mode)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("document", "needed"),
+    [
+        pytest.param({"imports": {"additional": ["numpy", "pandas"]}}, ["numpy", "pandas"],
+                     id="allowed-not-preimported"),
+        pytest.param({"imports": {"additional": ["numpy", "pandas"]}, "preimport": ["pandas"]},
+                     ["numpy"], id="one-listed"),
+        pytest.param({"imports": {"additional": ["scipy"]}, "preimport": ["scipy.linalg"]},
+                     None, id="submodule-listed"),
+        pytest.param({"imports": {"additional": ["numpy"]},
+                      "audit": {"mode": {"runtime": "observe"}}}, None, id="observe-mode"),
+        pytest.param({"imports": {"additional": ["csv"]}}, None, id="no-such-module"),
+    ],
+)  # fmt: skip
+def test_modules_that_start_threads_are_imported_ahead(
+    document: dict[str, Any], needed: list[str] | None
+) -> None:
+    """numpy, pandas and scipy allowed under an enforced layer but not in preimport are
+    named in the spec's preimport_needed (their import is refused once user code runs)."""
+    profile = resolve_profiles(
+        {**read_profile_documents(None), "p": {"extends": "minimal", **document}}
+    )
+    assert profile["p"].runtime_spec().get("preimport_needed") == needed

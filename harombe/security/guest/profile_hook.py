@@ -15,9 +15,12 @@ cannot. So, for every frame:
 - file operations (:data:`PATH_EVENTS`) only under the writable roots (``/workspace``, ``/tmp``,
   ``/dev/null``) and, for reading, under the interpreter's own directories (``sys.path`` as the
   layer leaves it, ``/usr/share/zoneinfo``); the path is resolved as the kernel would (``..``
-  and symlinks followed from ``/``), a relative path with ``..`` (it could be meant for a
-  ``dir_fd``) and a path that is not exactly ``str``, ``bytes`` or ``int`` are refused, and so
-  are the worker's own pipes (fds 3 and 4). A refused path raises ``PermissionError``, as a
+  and symlinks followed from ``/``); refused: a relative path with ``..``, a relative path
+  given with a ``dir_fd`` or to ``os.open`` (its event has mode None and does not carry the
+  ``dir_fd``: the path may lead anywhere), a path that is not exactly ``str``, ``bytes`` or
+  ``int``, and the descriptor numbers 3 and 4 (the worker's pipes; a copy made by ``os.dup``
+  is not audited). ``sqlite3.connect`` is judged by the file a ``file:`` URI names
+  (``file:/etc/passwd?mode=ro``). A refused path raises ``PermissionError``, as a
   read-only file system would, so a library that copes with one (importlib's cache writes)
   goes on;
 - called directly by the user's code (the calling frame's globals are the session
@@ -58,26 +61,31 @@ REFUSED_PREFIXES = ("ctypes.", "socket.", "sys.monitoring.", "_xxsubinterpreters
 REFERENT_READERS = (("pandas.core.generic", "NDFrame", "_check_setitem_copy"),)
 #: The probe the worker raises after each call: the hook refuses it, so it is known to be on.
 PROBE_EVENT = "harombe.layer_probe"
-#: File operations: event -> ((argument index, writes?), ...); ``None``: ``open``'s flags say.
+#: File operations: event -> ((path's index, writes?, its ``dir_fd``'s index or None), ...);
+#: ``None``: ``open``'s flags say; ``"uri"``: a database name, maybe a ``file:`` URI.
 PATH_EVENTS = {
     "open": None,
-    "os.listdir": ((0, False),),
-    "os.scandir": ((0, False),),
-    "os.listxattr": ((0, False),),
-    "os.remove": ((0, True),),
-    "os.rmdir": ((0, True),),
-    "os.mkdir": ((0, True),),
-    "os.rename": ((0, True), (1, True)),
-    "os.chmod": ((0, True),),
-    "os.utime": ((0, True),),
-    "os.truncate": ((0, True),),
-    "sqlite3.connect": ((0, True),),
+    "os.listdir": ((0, False, None),),
+    "os.scandir": ((0, False, None),),
+    "os.listxattr": ((0, False, None),),
+    "os.remove": ((0, True, 1),),
+    "os.rmdir": ((0, True, 1),),
+    "os.mkdir": ((0, True, 2),),
+    "os.rename": ((0, True, 2), (1, True, 3)),
+    "os.chmod": ((0, True, 2),),
+    "os.utime": ((0, True, 3),),
+    "os.truncate": ((0, True, None),),
+    "sqlite3.connect": "uri",
 }
 WRITABLE_ROOTS = ("/workspace", "/tmp", "/dev/null")
 EXTRA_READ_ROOTS = ("/usr/share/zoneinfo", "/dev/urandom")
 #: The worker's request and reply pipes.
 PROTECTED_FDS = (3, 4)
 MAX_SYMLINKS = 40
+#: What the hook calls, taken when the worker's source runs, before any import: a module that
+#: rebinds ``posix.lstat`` or ``sys._getframe`` later changes nothing the hook does.
+NATIVE = (posix.lstat, posix.readlink, posix.getcwd, _stat.S_ISLNK, sys._getframe,
+          sys.getfilesystemencoding())  # fmt: skip
 #: Attribute names that reach frames, code and globals without a dunder.
 FRAME_NAMES = frozenset(
     ("f_globals", "f_locals", "f_builtins", "f_back", "f_code", "gi_frame", "gi_code",
@@ -101,11 +109,13 @@ def _under(path, roots):
 
 
 def _path_judge(read_roots, write_roots):
-    """``allowed(path, write)``: whether a file operation on ``path`` stays inside the roots.
-    Built from C functions and closure values only (see the module docstring)."""
-    lstat, readlink, getcwd, is_link = posix.lstat, posix.readlink, posix.getcwd, _stat.S_ISLNK
+    """``allowed(path, write, anchored)``: whether a file operation on ``path`` stays inside
+    the roots; ``anchored``: a relative path is taken from a directory the event does not say
+    (a ``dir_fd``), so it is refused. Built from C functions and closure values only (see the
+    module docstring)."""
+    lstat, readlink, getcwd, is_link = NATIVE[:4]
     str_, bytes_, int_, type_, len_, os_error = str, bytes, int, type, len, OSError
-    encoding, protected, max_links = sys.getfilesystemencoding(), PROTECTED_FDS, MAX_SYMLINKS
+    encoding, protected, max_links = NATIVE[5], PROTECTED_FDS, MAX_SYMLINKS
     reads, writes, under = tuple(read_roots) + tuple(write_roots), tuple(write_roots), _under
 
     def resolve(path):
@@ -136,7 +146,7 @@ def _path_judge(read_roots, write_roots):
             real = candidate
         return real or "/"
 
-    def allowed(path, write):
+    def allowed(path, write, anchored=False):
         kind = type_(path)
         if path is None:
             path = getcwd()
@@ -147,7 +157,7 @@ def _path_judge(read_roots, write_roots):
         elif kind is not str_:
             return False
         if not path.startswith("/"):
-            if ".." in path.split("/"):
+            if anchored or ".." in path.split("/"):
                 return False
             path = getcwd() + "/" + path
         if len_(path) > 4096:
@@ -156,6 +166,31 @@ def _path_judge(read_roots, write_roots):
         return under(real, writes) or (not write and under(real, reads))
 
     return allowed
+
+
+def _database_path():
+    """``path(name)``: the file a database name opens. A ``file:`` URI (SQLite reads one as
+    a URI with ``uri=True``, which the audit event does not say) gives its path: the query
+    and fragment dropped, an authority other than ``localhost`` or a ``%`` escape refused
+    (False, which the judge refuses); any other name is itself."""
+    str_, bytes_, type_, encoding = str, bytes, type, NATIVE[5]
+
+    def path(name):
+        if type_(name) is bytes_:
+            name = name.decode(encoding, "surrogateescape")
+        if type_(name) is not str_ or name[:5].lower() != "file:":
+            return name
+        rest = name[5:].partition("?")[0].partition("#")[0]
+        if rest[:2] == "//":
+            authority, _, rest = rest[2:].partition("/")
+            if authority.lower() not in ("", "localhost"):
+                return False
+            rest = "/" + rest
+        if "%" in rest:
+            return False
+        return rest
+
+    return path
 
 
 def referent_readers():
@@ -170,18 +205,47 @@ def referent_readers():
     return tuple(found)
 
 
+def _path_checker(allowed):
+    """``check(event, args, rule)``: raises ``PermissionError`` when a file operation's path
+    (by its :data:`PATH_EVENTS` rule) is not ``allowed``. Closure values only."""
+    write_flags = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND
+    str_, int_, type_, len_, denied = str, int, type, len, PermissionError
+    database = _database_path()
+
+    def check_paths(event, args, rule):
+        count = len_(args)
+        if rule == "uri":  # sqlite3.connect(database): judged by the file a URI names
+            name = args[0] if count else None
+            if not allowed(database(name), True, False):
+                shown = name if type_(name) is str_ else type_(name).__name__
+                raise denied(f"{event} of {shown!r} blocked by sandbox")
+            return
+        if rule is None:  # open(path, mode, flags); os.open's mode is None, its dir_fd unsaid
+            flags = args[2] if count > 2 else 0
+            write = type_(flags) is not int_ or (flags & write_flags) != 0
+            checks = ((args[0] if count else None, write, count > 1 and args[1] is None),)
+        else:  # a dir_fd of -1 is the default: the working directory
+            checks = [(args[i] if i < count else None, write,
+                       fd is not None and fd < count and args[fd] is not None and args[fd] != -1)
+                      for i, write, fd in rule]  # fmt: skip
+        for path, write, anchored in checks:
+            if not allowed(path, write, anchored):
+                shown = path if type_(path) in (str_, int_) else type_(path).__name__
+                raise denied(f"{event} of {shown!r} blocked by sandbox")
+
+    return check_paths
+
+
 def audit_hook(namespace, read_roots, readers=(), write_roots=WRITABLE_ROOTS):
     """The layer's audit hook (see the module docstring); user code is code whose globals are
     ``namespace``; ``readers`` is the code that may call ``gc.get_referents``. Every name it
     uses at run time is bound here."""
-    own, getframe = globals(), sys._getframe
+    own, getframe = globals(), NATIVE[4]
     frame_type = type(getframe(0))
     refused, refused_prefixes, user_events = REFUSED_EVENTS, REFUSED_PREFIXES, USER_EVENTS
     path_events, frame_names = PATH_EVENTS, FRAME_NAMES
-    write_flags = posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND
-    str_, int_, type_, len_ = str, int, type, len
-    error, denied = RuntimeError, PermissionError
-    allowed = _path_judge(tuple(read_roots) + EXTRA_READ_ROOTS, write_roots)
+    str_, type_, len_, error = str, type, len, RuntimeError
+    check_paths = _path_checker(_path_judge(tuple(read_roots) + EXTRA_READ_ROOTS, write_roots))
 
     def is_dunder(name):
         if type_(name) is not str_:
@@ -197,16 +261,6 @@ def audit_hook(namespace, read_roots, readers=(), write_roots=WRITABLE_ROOTS):
             if code is reader:
                 return True
         return False
-
-    def check_paths(event, args, rule):
-        if rule is None:  # open(path, mode, flags)
-            flags = args[2] if len_(args) > 2 else 0
-            rule = ((0, type_(flags) is not int_ or (flags & write_flags) != 0),)
-        for index, write in rule:
-            path = args[index] if index < len_(args) else None
-            if not allowed(path, write):
-                shown = path if type_(path) in (str_, int_) else type_(path).__name__
-                raise denied(f"{event} of {shown!r} blocked by sandbox")
 
     def hook(event, args):
         if (

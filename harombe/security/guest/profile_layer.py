@@ -12,12 +12,13 @@ In order:
 
 - ``RLIMIT_AS`` (soft and hard) is ``subprocess_memory_mb``, for the interpreter and every
   process it starts;
-- the ``preimport`` modules are imported, so a call pays nothing for them;
-- (enforce mode from here) ``sys.path`` loses the working directory, ``/workspace``, ``/tmp``
-  and the home directory but its user site (so a workspace ``statistics.py`` is never
-  imported as the library), and bytecode caches are no longer written; ``RLIMIT_NPROC`` is 0,
-  so the kernel refuses this interpreter any new process or thread, also through calls no
-  audit event announces (``_posixsubprocess.fork_exec``);
+- ``sys.path`` loses the working directory, ``/workspace``, ``/tmp`` and the home directory
+  but its user site, which goes last (so a workspace ``numpy.py`` is never imported as the
+  library, and the user site shadows no system module), and bytecode caches are not written;
+- the ``preimport`` modules are imported (and ``preimport_needed``, if installed), so a call
+  pays nothing for them; in observe mode ``sys.path`` is then given back and the layer ends;
+- ``RLIMIT_NPROC`` is 0, so the kernel refuses this interpreter any new process or thread,
+  also through calls no audit event announces (``_posixsubprocess.fork_exec``);
 - ``operator.attrgetter``/``methodcaller`` refuse dunder names; module aliases of the allowed
   standard-library modules (``random._os``, ``collections._sys``) are dropped or narrowed to
   the names the module's own code reads (:class:`_Aliases`); each blocklisted
@@ -34,9 +35,10 @@ In order:
   code's own direct calls of every audited operation but ``id()`` and ``time.sleep``.
 
 :func:`apply_profile` returns the layer's check, which the worker runs after every call: the
-hook still answers, the namespace and its builtins, ``operator``'s getters, ``sys.path`` and
-the narrowed aliases are as the layer left them. A call that changed any of them ends the
-session (the next call starts a new interpreter with the layer, and says ``state_lost``).
+hook still answers, the namespace and its builtins, ``operator``'s getters, ``sys.path``, the
+narrowed aliases and the blocklist stubs (by identity) are as the layer left them. A call that
+changed any of them ends the session (the next call starts a new interpreter with the layer,
+and says ``state_lost``).
 
 What it cannot hold, by itself: code that walks the object graph with dunder attributes the
 audit does not see (``__subclasses__``, ``__globals__``) reaches every object of the
@@ -66,6 +68,9 @@ GUARDED_BUILTINS = ("__import__", "getattr", "hasattr", "setattr", "delattr")
 UNTRUSTED_DIRS = ("/workspace", "/tmp")
 #: What the worker is told when a call changed the layer (at most 64 characters).
 LAYER_CHANGED = "the profile's runtime layer was changed ({})"
+#: What the layer calls, taken when the worker's source runs, before any import (a module that
+#: replaces ``sys.addaudithook`` or ``sys.audit`` changes nothing the layer does).
+NATIVE_LAYER = (sys.addaudithook, resource.setrlimit, builtins.__import__, os.getcwd, sys.audit)
 
 
 class Blocked:
@@ -91,36 +96,24 @@ def apply_profile(spec_text, namespace):
     run in ``namespace``. Returns the layer's check for the worker to run after each call (see
     :func:`_layer_check`), or None in observe mode. Raises ``RuntimeError`` naming the step
     (and module) that failed."""
-    try:
-        spec = loads(spec_text)  # noqa: F821 - wire.py, the part before this one
-        allowed = frozenset(str(m) for m in spec["allowed_imports"])
-        blocklist = tuple((str(m), str(a)) for m, a in spec.get("blocklist", ()))
-        preimports = [str(m) for m in spec.get("preimport", ())]
-        memory_mb = int(spec.get("subprocess_memory_mb") or 0)
-    except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is reported
-        raise RuntimeError(f"the profile's runtime spec is malformed: {exc!r}") from None
+    add_audit_hook, set_rlimit = NATIVE_LAYER[:2]
+    allowed, blocklist, preimports, needed, memory_mb, enforce = _read_spec(spec_text)
     if memory_mb > 0:
         limit = memory_mb * 1024 * 1024
         try:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            set_rlimit(resource.RLIMIT_AS, (limit, limit))
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"could not set RLIMIT_AS to {memory_mb} MB: {exc}") from None
-    # The one import of a non-standard module in guest code: the profile names it (numpy, say),
-    # and it runs inside the sandbox, before the user's code.
-    load_module = builtins.__import__
-    for name in preimports:
-        try:
-            load_module(name)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit, MemoryError: all reported
-            raise RuntimeError(
-                f"preimport of '{name}' failed: {type(exc).__name__}: {exc}"
-            ) from None
-    if not spec.get("enforce", True):
-        return None  # the profile's runtime audit mode is "observe": limits and preimports only
+    # The trusted path comes before any import: a workspace ``numpy.py`` is never a preimport.
+    user_path, user_bytecode = list(sys.path), sys.dont_write_bytecode
     read_roots = _trusted_path()
+    _preimport(preimports, needed)
+    if not enforce:  # the runtime audit mode is "observe": limits and preimports only
+        sys.path[:], sys.dont_write_bytecode = user_path, user_bytecode
+        return None
     # No process and no thread from here on, even through a call the audit does not see
     # (``_posixsubprocess.fork_exec``): the kernel refuses them to this user.
-    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
+    set_rlimit(resource.RLIMIT_NPROC, (0, 0))
     operators = _guard_modules()
     aliases = _Aliases(allowed)
     aliases.patch()
@@ -128,20 +121,58 @@ def apply_profile(spec_text, namespace):
     pending.patch()
     own = namespace["__builtins__"] = _user_builtins(allowed, pending, aliases)
     readers = referent_readers()  # noqa: F821 - profile_hook.py
-    sys.addaudithook(audit_hook(namespace, read_roots, readers))  # noqa: F821 - profile_hook.py
-    return _layer_check(namespace, own, dict(own), operators, aliases, list(sys.path))
+    add_audit_hook(audit_hook(namespace, read_roots, readers))  # noqa: F821 - profile_hook.py
+    return _layer_check(namespace, own, dict(own), operators, (aliases, pending), list(sys.path))
+
+
+def _read_spec(spec_text):
+    """(allowed, blocklist, preimports, needed, memory_mb, enforce) from the spec's JSON."""
+    try:
+        spec = loads(spec_text)  # noqa: F821 - wire.py, the part before this one
+        return (
+            frozenset(str(m) for m in spec["allowed_imports"]),
+            tuple((str(m), str(a)) for m, a in spec.get("blocklist", ())),
+            [str(m) for m in spec.get("preimport", ())],
+            [str(m) for m in spec.get("preimport_needed", ())],
+            int(spec.get("subprocess_memory_mb") or 0),
+            bool(spec.get("enforce", True)),
+        )
+    except Exception as exc:  # noqa: BLE001 - whatever is wrong with it, it is reported
+        raise RuntimeError(f"the profile's runtime spec is malformed: {exc!r}") from None
+
+
+def _preimport(names, needed=()):
+    """Import the profile's ``preimport`` modules (from the trusted path only), then those
+    ``needed`` ahead (numpy: its import starts threads, refused later) that are installed."""
+    # The one import of a non-standard module in guest code: the profile names it (numpy, say),
+    # and it runs inside the sandbox, before the user's code.
+    load_module = NATIVE_LAYER[2]
+    for name in names:
+        try:
+            load_module(name)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit, MemoryError: all reported
+            raise RuntimeError(
+                f"preimport of '{name}' failed: {type(exc).__name__}: {exc}"
+            ) from None
+    for name in needed:
+        try:
+            load_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # installed, but broken: reported as any preimport
+                raise RuntimeError(f"preimport of '{name}' failed: {exc}") from None
 
 
 def _trusted_path():
     """Drop the working directory and user-writable places from ``sys.path`` (a workspace
-    ``statistics.py`` must not be imported as the library), stop writing bytecode caches, and
-    return the directories left: the interpreter's own, readable by any code."""
+    ``statistics.py`` must not be imported as the library; the user site goes last, so it
+    shadows no standard or system module), stop writing bytecode caches, and return the
+    directories left: the interpreter's own, readable by any code."""
     home = os.environ.get("HOME") or "/home/sandbox"
-    untrusted = (*UNTRUSTED_DIRS, home, os.getcwd())
+    untrusted = (*UNTRUSTED_DIRS, home, NATIVE_LAYER[3]())
     own = (sys.prefix, sys.base_prefix)  # the interpreter's own, wherever it is installed
     kept = [p for p in sys.path
             if p.startswith("/") and (_inside(p, own) or not _inside(p, untrusted))]  # fmt: skip
-    user_site = [p for p in sys.path if p.startswith(home + "/.local/")]
+    user_site = [p for p in sys.path if p.startswith(home + "/.local/") and p not in kept]
     sys.path[:] = kept + user_site  # packages the user installed stay importable, last
     sys.dont_write_bytecode = True
     return tuple(p.rstrip("/") for p in kept + user_site)
@@ -221,10 +252,6 @@ class _Aliases:
                 del table[attr]
             self.done.append((table, attr, view))
 
-    def intact(self):
-        """Whether every alias narrowed is still as the layer left it."""
-        return all(table.get(attr) is view for table, attr, view in self.done)
-
 
 def _names_read(code):
     """Every name the functions and classes of a module's code read (its top level, run
@@ -237,16 +264,21 @@ def _names_read(code):
     return names
 
 
-def _layer_check(namespace, own, expected, operators, aliases, path):
+def _layer_check(namespace, own, expected, operators, patchers, path):
     """The check the worker runs after each call: None while the layer is as applied, else
     why not (at most 64 characters). A changed layer ends the session, which the supervisor
     restarts with the layer applied afresh; the call says ``state_lost``. Like the audit hook,
-    it looks up no global name when it runs."""
-    audit, probe, error = sys.audit, PROBE_EVENT, RuntimeError  # noqa: F821 - profile_hook.py
+    it looks up no global name when it runs, and no attribute of an object user code can
+    reach: what it uses is bound here."""
+    audit, probe, error = NATIVE_LAYER[4], PROBE_EVENT, RuntimeError  # noqa: F821 - profile_hook
     guarded, removed, changed, sys_module = GUARDED_BUILTINS, REMOVED_BUILTINS, LAYER_CHANGED, sys
     operator, attrgetter, methodcaller = operators
     modules, sys_path, path = sys.modules, sys.path, tuple(path)
     tuple_ = tuple
+    # The narrowed aliases and the blocklist stubs: (module's dict, attribute, what it holds).
+    aliases, stubs = patchers
+    patches = ((aliases.patch, aliases.done, changed.format("module alias")),
+               (stubs.patch, stubs.done, changed.format("blocklist stub")))  # fmt: skip
 
     def check(current):
         try:
@@ -269,9 +301,11 @@ def _layer_check(namespace, own, expected, operators, aliases, path):
             return changed.format("sys.path")
         if sys_module.modules is not modules:
             return changed.format("sys.modules")
-        aliases.patch()
-        if not aliases.intact():
-            return changed.format("module alias")
+        for patch, done, why in patches:
+            patch()  # modules a library loaded during the call
+            for table, attr, value in done:
+                if table.get(attr) is not value:
+                    return why
         return None
 
     return check
@@ -284,6 +318,7 @@ class _Blocklist:
         self.entries = entries
         self.paths = frozenset(f"{module}.{attr}" for module, attr in entries)
         self.waiting = set(module for module, _ in entries)
+        self.done = []  # (module's dict, attribute, its stub)
 
     def refuses(self, name, fromlist):
         """The dotted name an import of ``name`` (``from name import fromlist``) would reach
@@ -303,10 +338,11 @@ class _Blocklist:
         modules = sys.modules
         for module_name in [m for m in self.waiting if m in modules]:
             self.waiting.discard(module_name)
-            module = modules[module_name]
+            table = modules[module_name].__dict__
             for owner, attr in self.entries:
                 if owner == module_name:
-                    setattr(module, attr, Blocked(f"{owner}.{attr}"))
+                    table[attr] = stub = Blocked(f"{owner}.{attr}")
+                    self.done.append((table, attr, stub))
 
 
 def _user_builtins(allowed, blocklist, aliases):

@@ -20,6 +20,7 @@ the pure part: it checks the parsed documents and resolves ``extends``::
       subprocess_memory_mb: 512       # the runtime layer's address-space limit
     scan_stages: {pre: [ast_scan, blocklist_audit], post: []}   # each phase inherited unless given
     preimport: [numpy]                # imported before user code; must be allowed imports
+                                      # (numpy, pandas, scipy: always, when allowed)
     audit:
       mode: {ast_scan: enforce, blocklist_audit: observe, runtime: enforce}
 
@@ -65,6 +66,10 @@ REFUSED_IMPORTS = {
     "_frozen_importlib": "imports by a computed name, past the allowlist",
     "_frozen_importlib_external": "imports by a computed name, past the allowlist",
 }
+#: Allowed modules the runtime layer (enforce mode) imports ahead even when ``preimport`` does
+#: not list them: their first import starts threads (OpenBLAS) or loads ``ctypes``, both refused
+#: once user code runs, so a later ``import numpy`` could only fail.
+NEEDS_PREIMPORT = ("numpy", "pandas", "scipy")
 #: Modules a profile may allow, with a warning when it is loaded: the scans judge their
 #: members one by one, not the module as a whole.
 WARNED_IMPORTS = {
@@ -137,13 +142,20 @@ class Profile(BaseModel):
         }
 
     def runtime_spec(self) -> dict[str, Any]:
-        """What the in-sandbox layer needs, as JSON-able data."""
-        return {
+        """What the in-sandbox layer needs, as JSON-able data. ``preimport_needed`` (only when
+        not empty): the allowed :data:`NEEDS_PREIMPORT` modules ``preimport`` does not list,
+        which an enforced layer imports ahead if installed."""
+        spec: dict[str, Any] = {
             "allowed_imports": list(self.allowed_imports),
             "preimport": list(self.preimport),
             "subprocess_memory_mb": self.resources.subprocess_memory_mb,
             "blocklist": [[module, attr] for module, attr in self.blocklist],
         }
+        listed = {module.split(".")[0] for module in self.preimport}
+        needed = [m for m in NEEDS_PREIMPORT if m in self.allowed_imports and m not in listed]
+        if needed and self.mode("runtime") == "enforce":
+            spec["preimport_needed"] = needed
+        return spec
 
 
 def import_warnings(profile: Profile) -> list[str]:
