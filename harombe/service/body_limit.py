@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harombe.service.problems import HTTPProblem
@@ -54,6 +52,3 @@ class BodyLimit:
         except HTTPProblem as problem:  # a route that read the stream itself
             if not started:
                 await problem.response()(scope, receive, send)
-
-
-__all__: list[Any] = ["BodyLimit"]

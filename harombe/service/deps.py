@@ -8,8 +8,8 @@ from typing import Any
 from fastapi import Request
 
 from harombe.service.approvals import current_tenant
-from harombe.service.auth import Tenant, bearer, unauthorized
-from harombe.service.gatekeeper import refusal
+from harombe.service.auth import Tenant, unauthorized
+from harombe.service.gatekeeper import identify
 from harombe.service.problems import HTTPProblem, problem_in_result
 from harombe.service.state import Service
 
@@ -21,42 +21,31 @@ def service_of(request: Request) -> Service:
 
 
 def caller(request: Request) -> Tenant:
-    """The tenant of this request (401 without a valid token, when tokens are configured)."""
-    svc = service_of(request)
-    presented = bearer(request.headers.get("authorization"))
-    if not svc.tokens.enabled:
-        problem = refusal(svc, request.scope)  # the gatekeeper's check, again: routes alone
-        if problem is not None:
-            raise problem
-        tenant = svc.tokens.anonymous
-    else:
-        found = svc.tokens.lookup(presented) if presented else None
-        if found is None:
-            raise unauthorized("a valid bearer token is required" if presented is None
-                               else "the bearer token is not known")  # fmt: skip
-        if found.role == "approver":
-            raise HTTPProblem(
-                403,
-                "Forbidden",
-                f"token {found.name!r} is an approver's: it decides approvals and runs nothing; "
-                "call with a client token",
-            )
-        tenant = found
+    """The client tenant of this request (see :func:`.gatekeeper.identify`); 403 for an
+    approver's credential, which decides approvals and runs nothing."""
+    identity = identify(service_of(request), request.scope)
+    tenant = identity.tenant
+    if tenant is None or tenant.role == "approver":
+        who = "the approval key" if tenant is None else f"token {tenant.name!r}"
+        raise HTTPProblem(
+            403,
+            "Forbidden",
+            f"{who} is an approver's: it decides approvals and runs nothing; call with a "
+            "client token",
+        )
     current_tenant.set(tenant.name)
     return tenant
 
 
 def approver(request: Request) -> str:
     """The name of who may decide approvals: an approver token or the approval key."""
-    svc = service_of(request)
-    presented = bearer(request.headers.get("authorization"))
-    if presented is None:
-        raise unauthorized("deciding approvals needs an approver's credential")
-    tenant = svc.tokens.lookup(presented)
-    if tenant is not None and tenant.role == "approver":
-        return tenant.name
-    if svc.is_approval_key(presented):
+    identity = identify(service_of(request), request.scope)
+    if identity.tenant is not None and identity.tenant.role == "approver":
+        return identity.tenant.name
+    if identity.approval_key:
         return "approvals_page"
+    if identity.presented is None:
+        raise unauthorized("deciding approvals needs an approver's credential")
     raise HTTPProblem(
         403,
         "Forbidden",

@@ -66,14 +66,13 @@ def answer(svc: Service, tool: str, tenant: Tenant, result: dict[str, Any]) -> d
 
 
 def view(svc: Service, sandbox_id: str) -> SandboxView:
-    box = svc.manager.sandboxes[sandbox_id]
-    profile = getattr(box, "profile", None)
+    box = svc.manager.get(sandbox_id)
     return SandboxView(
         sandbox_id=box.sandbox_id,
         language=box.language,
         network_enabled=box.network_enabled,
         allowed_domains=list(box.allowed_domains),
-        profile=getattr(profile, "name", profile),
+        profile=box.profile.name if box.profile is not None else None,
         created_at=box.created_at,
     )
 

@@ -10,14 +10,36 @@ Example::
             ...  # point the agent's SANDBOX_URL at base_url
 
 Leaving the block shuts the service down as SIGTERM would (its sandboxes are removed).
+
+:func:`clients` calls an app in process, without a socket (httpx's ASGI transport): fast
+tests of routes, auth and errors, e.g. over :class:`~harombe.testing.FakeDocker`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+
+def clients(
+    app: Any, *, peer: str = "127.0.0.1", raise_app_exceptions: bool = True
+) -> Callable[[str | None], Any]:
+    """A factory of ``httpx.AsyncClient`` s that call ``app`` in process, as ``peer`` at
+    ``http://127.0.0.1``, each with ``Authorization: Bearer <token>`` when given a token.
+    ``raise_app_exceptions=False`` turns an app's crash into the 500 a server would send."""
+    import httpx
+
+    transport = httpx.ASGITransport(
+        app=app, client=(peer, 50000), raise_app_exceptions=raise_app_exceptions
+    )
+
+    def client(token: str | None = None) -> httpx.AsyncClient:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1", headers=headers)
+
+    return client
 
 
 @contextlib.asynccontextmanager

@@ -22,7 +22,7 @@ from harombe.service.approvals_routes import CSP
 from harombe.service.state import Service
 from harombe.testing import FakeDocker
 from harombe.testing.echo import RunOutcome, code_of, echo_handler
-from harombe.testing.http import serving
+from harombe.testing.http import clients, serving
 
 ALICE, BOB, JUDGE = "alice-token-0123456789", "bob-token-0123456789ab", "judge-token-0123456789"
 KEY = "approval-key-0123456789abcdef"
@@ -84,17 +84,8 @@ async def make(docker: FakeDocker) -> AsyncIterator[Any]:
         svc = Service(cfg, docker_manager=docker, environ={}, approval_key=KEY)
         await svc.start()
         started.append(svc)
-        transport = httpx.ASGITransport(
-            app=create_app(service=svc), client=(peer, 50000), raise_app_exceptions=False
-        )
-
-        def http(token: str | None = None) -> httpx.AsyncClient:
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            return httpx.AsyncClient(
-                transport=transport, base_url="http://127.0.0.1", headers=headers
-            )
-
-        return svc, http
+        app = create_app(service=svc)
+        return svc, clients(app, peer=peer, raise_app_exceptions=False)
 
     yield build
     for svc in started:

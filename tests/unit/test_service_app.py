@@ -7,14 +7,13 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 
 from harombe.config import parse_config
 from harombe.service.app import create_app
 from harombe.service.state import Service
 from harombe.testing import FakeDocker, capture_events
-from harombe.testing.http import serving
+from harombe.testing.http import clients, serving
 
 ALICE, BOB, JUDGE = "alice-token-0123456789", "bob-token-0123456789ab", "judge-token-0123456789"
 KEY = "approval-key-0123456789abcdef"
@@ -45,15 +44,7 @@ async def make(docker: FakeDocker) -> AsyncIterator[Any]:
         svc = Service(cfg, docker_manager=docker, environ={}, approval_key=KEY)
         await svc.start()
         started.append(svc)
-        transport = httpx.ASGITransport(app=create_app(service=svc), client=(peer, 50000))
-
-        def http(token: str | None = None) -> httpx.AsyncClient:
-            headers = {"Authorization": f"Bearer {token}"} if token else {}
-            return httpx.AsyncClient(
-                transport=transport, base_url="http://127.0.0.1", headers=headers
-            )
-
-        return svc, http
+        return svc, clients(create_app(service=svc), peer=peer)
 
     yield build
     for svc in started:
@@ -232,3 +223,19 @@ async def test_a_failed_start_says_what_to_fix(docker: FakeDocker) -> None:
             pass
     failed = [e for e in events if e["event"] == "service.start_failed"]
     assert len(failed) == 1 and "security.sandbox.enabled" in failed[0]["error"]
+
+
+async def test_a_request_is_identified_once(make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The token is looked up once per request (by the gatekeeper), not again by the route."""
+    svc, http = await make(config())
+    lookups: list[str] = []
+    real = svc.tokens.lookup
+
+    def counted(presented: str) -> Any:
+        lookups.append(presented)
+        return real(presented)
+
+    monkeypatch.setattr(svc.tokens, "lookup", counted)
+    async with http(BOB) as bob:
+        assert (await bob.get("/v1/sandboxes")).status_code == 200
+    assert lookups == [BOB]
