@@ -13,6 +13,7 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      ├── ConfigError                   bad YAML, unknown key, bad value, bad environment override
      ├── UsageError                    misuse of the API: manager not started, unknown language
      │    ├── InvalidArgumentError     a tool argument of the wrong type, size or form
+     │    ├── UnknownToolError         a tool call names no harombe tool (dispatch, MCP)
      │    └── FileError                a file operation failed in the sandbox: missing, not a dir
      ├── InfrastructureError           the machine is not ready or broke underneath us
      │    ├── DockerUnavailableError   daemon unreachable, or a Docker call failed
@@ -63,6 +64,10 @@ class UsageError(HarombeError):
 
 class InvalidArgumentError(UsageError, ValueError):
     """A tool argument cannot be read unambiguously; the message names it and the fix."""
+
+
+class UnknownToolError(UsageError):
+    """A tool call named a tool that does not exist; the message lists the tools."""
 
 
 class FileError(UsageError):
