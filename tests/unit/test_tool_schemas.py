@@ -117,7 +117,9 @@ AGREEMENT = [
     AGREEMENT,
     ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(AGREEMENT)],
 )
-def test_the_schema_and_the_model_agree(name: str, arguments: dict[str, Any], accepted: bool) -> None:
+def test_the_schema_and_the_model_agree(
+    name: str, arguments: dict[str, Any], accepted: bool
+) -> None:
     """A table of arguments the JSON schema and the tool's model both accept or both refuse."""
     valid = jsonschema.Draft202012Validator(input_schema(name)).is_valid(arguments)
     assert valid is accepted
