@@ -37,6 +37,10 @@ LANGUAGES: tuple[Language, ...] = ("python", "javascript", "shell")
 # The program each language's code runs under inside the sandbox image.
 INTERPRETERS: dict[Language, str] = {"python": "python3", "javascript": "node", "shell": "bash"}
 Registry = Literal["pypi", "npm"]
+#: How a run's output comes back: ``full`` (up to max_output_bytes per stream) or ``llm`` (a
+#: long stream as head, marker and tail, the full text saved in the sandbox).
+OutputMode = Literal["full", "llm"]
+OUTPUT_MODES: tuple[OutputMode, ...] = ("full", "llm")
 REGISTRIES: tuple[Registry, ...] = ("pypi", "npm")
 #: The language whose interpreter installs and imports each registry's packages.
 REGISTRY_LANGUAGES: dict[Registry, Language] = {"pypi": "python", "npm": "javascript"}
@@ -69,6 +73,12 @@ class Limits(_Strict):
     max_pids: int = Field(128, ge=8, description="processes and threads in one sandbox")
     max_file_bytes: int = Field(64 * 1_048_576, ge=1, description="largest file read or written")
     kill_grace_s: float = Field(2.0, ge=0, le=30, description="SIGTERM to SIGKILL on timeout")
+    llm_output_head_bytes: int = Field(
+        4096, ge=0, description="output mode llm: bytes of a long stream's start kept, per stream"
+    )
+    llm_output_tail_bytes: int = Field(
+        4096, ge=0, description="output mode llm: bytes of a long stream's end kept, per stream"
+    )
 
     @model_validator(mode="after")
     def _ceiling_covers_default(self) -> Limits:
@@ -183,6 +193,9 @@ class SandboxConfig(_Strict):
     # Python and JavaScript keep variables, imports and functions between calls on a sandbox
     # (one live interpreter); False, or code_execute(fresh=True), runs a new process instead.
     stateful: bool = True
+    # How code_execute returns output when its call leaves output_mode out: "full" (up to
+    # limits.max_output_bytes per stream) or "llm" (a long stream as head, marker and tail).
+    output_mode: OutputMode = "full"
     pool: PoolConfig = Field(default_factory=PoolConfig)  # type: ignore[arg-type]
     limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
     network: NetworkConfig = Field(default_factory=NetworkConfig)

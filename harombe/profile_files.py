@@ -100,6 +100,13 @@ def _read_file(path: Path) -> dict[str, Any]:
         _check_shape(path, text)
         loaded = yaml.load(text, Loader=_LOADER)  # _LOADER is a safe loader
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):
+            # libyaml (0.2.6+) stops at its own depth limit while scanning ahead, before the
+            # events that _check_shape counts reach ours.
+            raise ConfigError(
+                f"profile file {path} nests lists and mappings more than {MAX_PROFILE_DEPTH} "
+                "levels deep; a profile needs three"
+            ) from None
         raise ConfigError(f"profile file {path} is not valid YAML: {exc}") from None
     except (RecursionError, MemoryError) as exc:
         raise ConfigError(

@@ -14,7 +14,7 @@ step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-step "system packages (docker.io, runsc, debootstrap, cc, npm, chromium)"
+step "system packages (docker.io, runsc, debootstrap, cc, npm, chromium, tmux)"
 missing=()
 command -v dockerd >/dev/null || missing+=(docker.io)
 command -v runsc >/dev/null || missing+=(runsc)
@@ -22,6 +22,7 @@ command -v debootstrap >/dev/null || missing+=(debootstrap)
 command -v cc >/dev/null || missing+=(gcc libc6-dev)
 command -v npm >/dev/null || missing+=(npm)
 command -v chromium >/dev/null || missing+=(chromium)  # the approvals page's browser tests
+command -v tmux >/dev/null || missing+=(tmux)  # `harombe shell`'s terminal tests
 python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"

@@ -18,12 +18,15 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from harombe.config import HarombeConfig, load_config
 from harombe.errors import HarombeError
 from harombe.service import approvals_routes, fips, v1, v1_files
 from harombe.service.body_limit import BodyLimit
 from harombe.service.gatekeeper import Gatekeeper
+from harombe.service.mcp_http import PATH as MCP_PATH
+from harombe.service.mcp_http import McpEndpoint
 from harombe.service.problems import HTTPProblem, problem_from
 from harombe.service.state import Service
 from harombe.service.version import VERSION as __version__
@@ -40,6 +43,7 @@ def create_app(
     """The service's app. Give a ``service`` to share one (tests), else one is made from
     ``config`` (or :func:`~harombe.config.load_config`)."""
     svc = service or Service(config or load_config(), environ=environ)
+    mcp_endpoint = McpEndpoint(svc)  # streamable HTTP MCP at /mcp, guarded as /v1 is
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -51,7 +55,8 @@ def create_app(
             await svc.stop()
             raise
         try:
-            yield
+            async with mcp_endpoint.running():  # MCP sessions end before the sandboxes go
+                yield
         finally:
             await svc.stop()
 
@@ -72,6 +77,7 @@ def create_app(
     app.include_router(v1.router)
     app.include_router(v1_files.router)
     app.include_router(approvals_routes.router)
+    app.router.routes.append(Route(MCP_PATH, endpoint=mcp_endpoint))
     return app
 
 

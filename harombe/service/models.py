@@ -35,6 +35,12 @@ class Execute(_Request):
     code: str = Field(description="The program to run.")
     timeout: float | None = Field(None, gt=0, le=86_400, description="Seconds; null: default.")
     fresh: bool = Field(False, description="Run in a new process, without the session's state.")
+    output_mode: Literal["full", "llm"] | None = Field(
+        None,
+        description="full: each stream up to the byte cap; llm: a long stream as head, a marker "
+        "and tail, the full text saved in the sandbox (output_files); null: the configured "
+        "default.",
+    )
 
 
 class Install(_Request):

@@ -50,18 +50,6 @@ def check_binding(config: HarombeConfig, host: str) -> None:
         )
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    serve = sub.add_parser(
-        "serve",
-        help="serve the fips sidecar contract, the /v1 API and the approvals page",
-        description=HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    serve.add_argument("--host", help="address to bind (default service.host, 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="port (default service.port, 8000)")
-    serve.add_argument("--config", help="config file (default $HAROMBE_CONFIG)")
-
-
 def run(args: argparse.Namespace) -> int:
     import uvicorn
 

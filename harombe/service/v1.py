@@ -139,6 +139,7 @@ async def execute(body: Execute, request: Request, sandbox_id: str = SandboxId) 
             sandbox_id=sandbox_id,
             timeout=body.timeout,
             fresh=body.fresh,
+            output_mode=body.output_mode,
         )
     return answer(svc, "execute", tenant, result)
 
@@ -165,6 +166,7 @@ async def execute_stream(
                     sandbox_id=sandbox_id,
                     timeout=body.timeout,
                     fresh=body.fresh,
+                    output_mode=body.output_mode,
                 )
                 async for item in stream:
                     kind = item.pop("type")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from harombe.errors import (
 from harombe.security.runtime.backend import ContainerInfo, DockerBackend
 from harombe.testing.echo import RunHandler, echo_handler
 from harombe.testing.guest import FakeGuest, Output
+from harombe.testing.terminal import FakeTerminal
 
 __all__ = ["FakeContainer", "FakeDocker", "FakeNetwork", "FakeStdio"]
 
@@ -140,6 +141,7 @@ class FakeDocker(DockerBackend):
         self.containers: dict[str, FakeContainer] = {}
         self.networks: dict[str, FakeNetwork] = {}
         self.calls: list[str] = []
+        self.terminals: list[FakeTerminal] = []  # every exec_interactive, in order
         self._faults: dict[str, list[BaseException]] = {}
         self._started = False
         self._serial = itertools.count(1)
@@ -317,6 +319,21 @@ class FakeDocker(DockerBackend):
             ContainerInfo(id=c.id, name=c.name, status=c.status, labels=dict(c.labels))
             for c in self.labelled(labels)
         ]
+
+    async def exec_interactive(
+        self, container_id: str, cmd: Sequence[str], *, user: str, env: Mapping[str, str],
+        workdir: str, size: tuple[int, int],
+    ) -> FakeTerminal:  # fmt: skip
+        """A :class:`~harombe.testing.terminal.FakeTerminal` (an echo, not a shell)."""
+        self._enter("exec_interactive")
+        if self._container(container_id).status != "running":
+            raise SandboxLostError(f"the sandbox is not running: container {container_id[:12]}")
+        terminal = FakeTerminal(
+            _id("exec", len(self.terminals), container_id), container_id=container_id, cmd=cmd,
+            user=user, env=env, workdir=workdir, size=size,
+        )  # fmt: skip
+        self.terminals.append(terminal)
+        return terminal
 
     async def create_network(self, name: str, *, labels: dict[str, str]) -> tuple[str, str]:
         self._enter("create_network")

@@ -214,6 +214,7 @@ class CodeExecutionTools:
         *,
         fresh: bool = False,
         profile: str | None = None,
+        output_mode: str | None = None,
         on_output: OutputCallback | None = None,
     ) -> dict[str, Any]:
         """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result.
@@ -227,7 +228,8 @@ class CodeExecutionTools:
         ``on_output(stream, data)`` receives output as it is printed. ``profile`` names a
         policy profile (Python only): the code is scanned before anyone is asked, refused
         code comes back with ``violations``, and the sandbox runs under the profile's runtime
-        layer for life.
+        layer for life. ``output_mode="llm"`` returns a long stream as head, marker and tail,
+        the full text saved in the sandbox (``output_files``); left out, the config's default.
         """
         raw = {
             "language": language,
@@ -238,6 +240,7 @@ class CodeExecutionTools:
             "allowed_domains": allowed_domains,
             "fresh": fresh,
             "profile": profile,
+            "output_mode": output_mode,
         }
 
         def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Awaitable[Plan]:
@@ -289,11 +292,14 @@ class CodeExecutionTools:
         raw = {"sandbox_id": sandbox_id, "file_path": file_path, "content": content}
         return await self._call("code_write_file", raw, plans.write_file)
 
-    async def code_read_file(self, sandbox_id: str, file_path: str) -> dict[str, Any]:
-        """The UTF-8 text of ``/workspace/<file_path>``.
+    async def code_read_file(
+        self, sandbox_id: str, file_path: str, encoding: str = "utf-8"
+    ) -> dict[str, Any]:
+        """The UTF-8 text of ``/workspace/<file_path>``, or with ``encoding="base64"`` its
+        bytes as base64 (with ``size_bytes`` and ``mime_type``).
 
         Parameters are :class:`~harombe.tools.params.ReadFileArgs`."""
-        raw = {"sandbox_id": sandbox_id, "file_path": file_path}
+        raw = {"sandbox_id": sandbox_id, "file_path": file_path, "encoding": encoding}
         return await self._call("code_read_file", raw, plans.read_file)
 
     async def code_list_files(self, sandbox_id: str, path: str = ".") -> dict[str, Any]:

@@ -38,6 +38,9 @@ file paths         :func:`harombe.security.policy.paths.workspace_relative`: the
 ``profile``        ``None`` or a profile name: 1 to 64 of ``a-z 0-9 _ . -``, starting with a
                    letter or digit (whether the profile exists is checked when the call is
                    planned, against the loaded profiles).
+``output_mode``    ``None`` (the config's ``security.sandbox.output_mode``), ``"full"`` or
+                   ``"llm"``, exactly: ``"LLM"``, ``1`` and ``True`` are refused.
+``encoding``       ``code_read_file``'s: ``"utf-8"`` (the default) or ``"base64"``, exactly.
 ``allowed_domains`` a list (or tuple) of at most 256 host names, each checked as the egress
                    proxy will read it; a single string is refused (it is not a list). Given
                    without ``network_enabled=True`` for a new sandbox, it is refused.
@@ -54,12 +57,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from harombe import errors
-from harombe.config import Language, Registry
+from harombe.config import OUTPUT_MODES, Language, OutputMode, Registry
 from harombe.errors import HarombeError, InvalidArgumentError
 from harombe.security.policy.package_specs import parse_spec
 from harombe.security.policy.paths import preview
@@ -88,6 +91,35 @@ def _profile(value: object) -> str | None:
         raise refuse(
             f"profile must be a profile's name such as 'minimal' or 'data-science' (lower-case "
             f"letters, digits, '_', '.', '-'; at most 64), got {describe(value)}"
+        )
+    return str.__str__(value)
+
+
+def _output_mode(value: object) -> str | None:
+    """``code_execute``'s ``output_mode``: ``None`` (the config's default), ``"full"`` or
+    ``"llm"`` exactly (plain ``str``)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or str.__str__(value) not in OUTPUT_MODES:
+        raise refuse(
+            f"output_mode must be 'full' (all output up to the byte cap) or 'llm' (a long "
+            f"stream as its head and tail, the full text saved in the sandbox), in lower case, "
+            f"or left out for the configured default; got {describe(value)}"
+        )
+    return str.__str__(value)
+
+
+#: How ``code_read_file`` returns a file: as UTF-8 text, or its bytes as base64.
+READ_ENCODINGS = ("utf-8", "base64")
+ReadEncoding = Literal["utf-8", "base64"]
+
+
+def _read_encoding(value: object) -> str:
+    """``code_read_file``'s ``encoding``: ``"utf-8"`` or ``"base64"`` exactly (plain ``str``)."""
+    if not isinstance(value, str) or str.__str__(value) not in READ_ENCODINGS:
+        raise refuse(
+            f"encoding must be 'utf-8' (the file's text) or 'base64' (its bytes, for images "
+            f"and other binary files), in lower case; got {describe(value)}"
         )
     return str.__str__(value)
 
@@ -167,6 +199,15 @@ class CodeExecuteArgs(ToolArgs):
         "profile also fail at run time. A new sandbox keeps its profile: later calls on it may "
         "repeat the name or leave it out, not change it. Leave it out to run without one.",
     )
+    output_mode: Annotated[OutputMode | None, BeforeValidator(_output_mode)] = Field(
+        None,
+        description="How output comes back: 'full' (everything up to the byte cap) or 'llm' "
+        "(a long stdout/stderr comes back as its first and last few KB with a marker line "
+        "between them saying how much was cut and where the full text was saved, e.g. "
+        "'.harombe/output/call-3.stdout', also listed in the result's `output_files`; read "
+        "that file with code_read_file or page it with `sed -n`). Leave it out for the "
+        "configured default (security.sandbox.output_mode, 'full' unless changed).",
+    )
 
     @model_validator(mode="after")
     def _shell_code_fits_an_argument(self) -> CodeExecuteArgs:
@@ -240,8 +281,14 @@ class ReadFileArgs(_OnSandbox):
     tool: ClassVar[str] = "code_read_file"
 
     file_path: FilePath = Field(
-        description="The file to read, relative to /workspace (e.g. 'results.txt'). It must "
-        "hold UTF-8 text."
+        description="The file to read, relative to /workspace (e.g. 'results.txt'). With "
+        "encoding 'utf-8' it must hold UTF-8 text."
+    )
+    encoding: Annotated[ReadEncoding, BeforeValidator(_read_encoding)] = Field(
+        "utf-8",
+        description="'utf-8' (the default) returns the file's text in `content`; 'base64' "
+        "returns its bytes base64-encoded in `content` (for images such as a saved plot, and "
+        "other binary files), with `size_bytes` and `mime_type`.",
     )
 
 

@@ -23,6 +23,7 @@ from harombe.security.approval.gate import ApprovalDecision, HITLGate
 from harombe.security.policy.netpolicy import Allowlist
 from harombe.security.policy.paths import preview
 from harombe.security.policy.profiles import Profile
+from harombe.security.runtime.artifacts import binary_content
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
 from harombe.tools.params import (
@@ -97,6 +98,7 @@ async def execute(
             result = await manager.execute(
                 sid, args.code, language=args.language, timeout_s=timeout_s,
                 on_output=on_output, fresh=True if args.fresh else None,
+                output_mode=args.output_mode,
             )  # fmt: skip
         except BaseException:
             if args.sandbox_id is None:
@@ -150,13 +152,17 @@ def write_file(manager: SandboxManager, gate: HITLGate | None, args: WriteFileAr
 
 
 def read_file(manager: SandboxManager, gate: HITLGate | None, args: ReadFileArgs) -> Plan:
-    """``code_read_file``: a file that is not UTF-8 text is a failed result, not an error."""
+    """``code_read_file``: a file that is not UTF-8 text is a failed result, not an error;
+    ``encoding="base64"`` returns any file's bytes. The gate sees the path, not the encoding:
+    a binary read is the same read."""
     manager.get(args.sandbox_id)
     fields = {"sandbox_id": args.sandbox_id, "file_path": args.file_path}
 
     async def run(_: ApprovalDecision | None) -> dict[str, Any]:
         data = await manager.read_file(args.sandbox_id, args.file_path)
         out = {**fields, "content": None, "read_bytes": len(data), "error": None}
+        if args.encoding == "base64":
+            return {"success": True, **out, **binary_content(args.file_path, data)}
         try:
             out["content"] = data.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -200,13 +201,53 @@ async def dispatch(
     return result
 
 
+#: Image types the model APIs render; an artifact of another type is not sent as an image.
+IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+
+
+def is_image(item: object) -> bool:
+    """Whether a result's artifact ``item`` is an image to send as an image block."""
+    return (
+        isinstance(item, Mapping)
+        and item.get("kind") == "image"
+        and isinstance(item.get("data"), str)
+        and item.get("mime_type") in IMAGE_MIME_TYPES
+    )
+
+
+def plain_json(value: Any) -> Any:
+    """``value`` as strict JSON that encodes as UTF-8: non-finite floats become their repr, a
+    lone surrogate (which UTF-8 cannot hold) its ``\\udcff`` escape, keys text, anything else
+    its string. A result is plain data already; this keeps one stray value (a sandbox's note,
+    say) from failing the whole message."""
+    if isinstance(value, str):
+        return value if value.isascii() else _utf8_text(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, Mapping):
+        return {_utf8_text(str(k)): plain_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_json(v) for v in value]
+    if value is None or isinstance(value, int | float | bool):
+        return value
+    return _utf8_text(str(value))
+
+
+def _utf8_text(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _without_image_data(result: Mapping[str, Any]) -> dict[str, Any]:
     shown = dict(result)
     artifacts = result.get("artifacts")
     if isinstance(artifacts, list) and artifacts:
         shown["artifacts"] = [
             {k: v for k, v in item.items() if k != "data"} | {"data": "(sent as an image)"}
-            if isinstance(item, Mapping)
+            if is_image(item)
             else item
             for item in artifacts
         ]
@@ -214,9 +255,10 @@ def _without_image_data(result: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def tool_result_text(result: Mapping[str, Any]) -> str:
-    """A result as compact JSON text for the model; an image artifact's base64 data is left
-    out of the text (send it as an image block, as :func:`anthropic_tool_result` does)."""
-    return json.dumps(_without_image_data(result), ensure_ascii=False, default=str)
+    """A result as compact, strict JSON text for the model (see :func:`plain_json`); an image
+    artifact's base64 data is left out of the text (send it as an image block, as
+    :func:`anthropic_tool_result` does)."""
+    return json.dumps(plain_json(_without_image_data(result)), ensure_ascii=False)
 
 
 def openai_tool_message(tool_call_id: str, result: Mapping[str, Any]) -> dict[str, Any]:
@@ -229,14 +271,15 @@ def anthropic_tool_result(tool_use_id: str, result: Mapping[str, Any]) -> dict[s
     """The ``tool_result`` content block answering Anthropic-style ``tool_use`` block
     ``tool_use_id``: the result as text, and each image artifact as an image block."""
     content: list[dict[str, Any]] = [{"type": "text", "text": tool_result_text(result)}]
-    for item in result.get("artifacts") or ():
-        if isinstance(item, Mapping) and item.get("kind") == "image" and item.get("data"):
+    artifacts = result.get("artifacts")
+    for item in artifacts if isinstance(artifacts, list) else ():
+        if is_image(item):
             content.append(
                 {
                     "type": "image",
                     "source": {
                         "type": "base64",
-                        "media_type": item.get("mime_type", "image/png"),
+                        "media_type": item["mime_type"],
                         "data": item["data"],
                     },
                 }

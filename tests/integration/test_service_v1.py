@@ -227,3 +227,25 @@ async def test_health_and_version(api: tuple[Service, str]) -> None:
         version = (await http.get("/v1/version")).json()
     assert health["status"] == "ok" and health["profile"] == "minimal"
     assert version["runtime"] == "runsc" and version["api"] == "v1"
+
+
+async def test_execute_takes_output_mode(api: tuple[Service, str]) -> None:
+    """output_mode 'llm' answers head, marker and tail with the saved file in output_files;
+    a value that is not a mode is 422."""
+    sid = (await create(api[1], BOB))["sandbox_id"]
+    code = "for i in range(20000):\n    print('line', i)"
+    async with client(api[1], BOB) as http:
+        run = await http.post(
+            f"/v1/sandboxes/{sid}/execute", json={"code": code, "output_mode": "llm"}
+        )
+        body = run.json()
+        assert run.status_code == 200 and body["stdout"].startswith("line 0\n")
+        assert body["stdout"].endswith("line 19999\n") and "cut here" in body["stdout"]
+        saved = body["output_files"]["stdout"]
+        full = await http.get(f"/v1/sandboxes/{sid}/files/{saved}")
+        assert full.status_code == 200 and full.content.count(b"\n") == 20000
+        bad = await http.post(
+            f"/v1/sandboxes/{sid}/execute", json={"code": "1", "output_mode": "LLM"}
+        )
+        assert bad.status_code == 422
+        await http.delete(f"/v1/sandboxes/{sid}")

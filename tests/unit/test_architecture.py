@@ -128,7 +128,7 @@ def room(module: str) -> str:
         return "service"
     if module in BASE:
         return "base"
-    if module in TOP or module.startswith(("harombe.testing", "harombe.images")):
+    if module in TOP or module.startswith(("harombe.testing", "harombe.images", "harombe.cli")):
         return "top"
     return "unknown"  # a new module outside every room: test_the_layer_table_... fails
 
@@ -136,7 +136,8 @@ def room(module: str) -> str:
 #: The base room: configuration, errors, logging, and the reading of profile files.
 BASE = {"harombe.config", "harombe.config_service", "harombe.errors", "harombe.logs",
         "harombe.profile_files"}  # fmt: skip
-#: The modules above every room: the package, the CLI, the security package's docstring.
+#: The modules above every room: the package, the CLI (``harombe.__main__`` and every
+#: ``harombe.cli`` module), the security package's docstring.
 TOP = {"harombe", "harombe.__main__", "harombe.security"}
 #: What runtime may take from guest: the joined source text, and the wire codec it shares.
 RUNTIME_GUEST = {"harombe.security.guest", "harombe.security.guest.wire"}

@@ -52,7 +52,9 @@ for cell in cells:
     changed = check(namespace) if check is not None else None
     print(json.dumps(outcome if changed is None else outcome + " | " + changed))
 """
-LAYER_PARTS = [str(HERE / name) for name in PY_WORKER_PARTS if name != "pyworker.py"]
+#: The worker's parts but its own (the loop, and the images a call displays).
+WORKER_ONLY = ("pyworker_artifacts.py", "pyworker.py")
+LAYER_PARTS = [str(HERE / name) for name in PY_WORKER_PARTS if name not in WORKER_ONLY]
 SPEC: dict[str, Any] = {
     "allowed_imports": ["collections", "json", "math", "operator", "random", "textwrap", "xml"],
     "preimport": ["json"],

@@ -6,10 +6,11 @@ The host never imports these files to run them: it sends them as source. The sup
 program in several files, joined in the order of :data:`SUPERVISOR_PARTS` (``main()`` at the
 end of ``supervisor.py`` runs once every part is defined) and started with
 ``python3 -I -S -c``; the Python worker is the wire codec, ``profile_hook.py``,
-``profile_layer.py`` and ``pyworker.py``; the JavaScript worker is ``jsworker.js``. They must
-run on the sandbox image's interpreters (Python 3.8+, Node 18+) with the standard library
-only. ``wire.py`` is the one file the host imports too (``harombe.security.runtime.channel``):
-host, supervisor and Python worker read and write frames with the same code.
+``profile_layer.py``, ``pyworker_artifacts.py`` (images a call displays) and ``pyworker.py``; the
+JavaScript worker is ``jsworker.js``. They must run on the sandbox image's interpreters (Python
+3.8+, Node 18+) with the standard library only. ``wire.py`` is the one file the host imports
+too (``harombe.security.runtime.channel``): host, supervisor and Python worker read and write
+frames with the same code.
 
 A part uses the names of the parts before it freely, and those of later parts only inside
 functions (called once all are defined); each part imports the modules it uses.
@@ -28,13 +29,21 @@ SUPERVISOR_PARTS = (
     "supervisor_procs.py",  # the user's ids, child set-up, memory probes
     "supervisor_paths.py",  # the workspace walk
     "supervisor_files.py",  # read, write, list, untar
+    "supervisor_artifacts.py",  # what a call leaves: changed files, images
+    "supervisor_output.py",  # output mode "llm": head, tail, the saved full text
     "supervisor_runs.py",  # fresh-process runs, output capture, the sweep
     "supervisor_workers.py",  # session interpreters
     "supervisor_sessions.py",  # calls on session interpreters
     "supervisor.py",  # the main loop and request dispatch; main() runs here
 )
 #: The Python session worker's parts (the profile's runtime layer is applied by the worker).
-PY_WORKER_PARTS = ("wire.py", "profile_hook.py", "profile_layer.py", "pyworker.py")
+PY_WORKER_PARTS = (
+    "wire.py",
+    "profile_hook.py",
+    "profile_layer.py",
+    "pyworker_artifacts.py",
+    "pyworker.py",
+)
 #: The parts the workspace file operations need, for running them on the host (tests).
 FILE_PARTS = ("supervisor_paths.py", "supervisor_files.py")
 

@@ -196,6 +196,15 @@ function pause(ms) {
   return new PromiseCtor((resolve) => { if (ms) sleep(resolve, ms); else turn(resolve); });
 }
 
+// Writes to a full pipe are queued in the worker's memory: the call ends once what it printed
+// has reached the supervisor (as a script's exit waits for it), not in a later call's output.
+const outputStreams = [process.stdout, process.stderr];
+async function flushed() {
+  for (const stream of outputStreams) {
+    while (!interrupted && stream.writableLength > 0) await pause(1);
+  }
+}
+
 async function settle() {
   // One turn of the event loop first: process.nextTick callbacks and microtasks the code
   // queued run now, in this call, not in the next one.
@@ -276,6 +285,7 @@ async function runCell(code, id) {
   } catch (err) {
     leftover = ['pending work that could not be checked'];
   }
+  try { await flushed(); } catch { /* streams user code broke: what was queued is lost */ }
   const used = process.cpuUsage(started);
   reply({
     cell: id,

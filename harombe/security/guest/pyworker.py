@@ -218,6 +218,7 @@ class _Interpreter:
         times = os.times()  # one syscall for this process and its children
         cpu0 = times[0] + times[1] + times[2] + times[3]
         exit_code, result = self._execute("<cell %d>" % self.cell, code)
+        collect_open_figures()  # figures left open are images of this call, then closed
         try:
             self.streamed.flush()
             self.stderr.flush()
@@ -233,6 +234,7 @@ class _Interpreter:
             exit_code = 1  # sys.exit(10**100): still a failure, in a shape the protocol takes
         reply = {"cell": request.get("cell"), "exit_code": exit_code, "result": result,
                  "cpu_s": round(cpu_s, 6), "maxrss_kb": usage.ru_maxrss}  # fmt: skip
+        tail += IMAGES.reply_fields(reply)  # the images follow the held stdout
         # Children are collected before the reply, and those the supervisor kills after it
         # are collected by the kernel (SIGCHLD ignored until the next call): a stopped
         # interpreter's zombies would hold the sandbox's process budget between calls.
@@ -258,6 +260,7 @@ class _Interpreter:
                 if value is not None:
                     namespace["_"] = value
                     result = repr(value)[:RESULT_LIMIT]
+                    image_of_value(value)  # a PIL image: sent as PNG too (pyworker_artifacts.py)
         except SystemExit as exc:
             if exc.code is None or isinstance(exc.code, int):
                 exit_code = int(exc.code or 0)
@@ -289,6 +292,7 @@ class _Interpreter:
 
 def serve_python():
     """The worker's loop: run each request's code in one namespace; never returns."""
+    install_display_hooks()
     interpreter = _Interpreter()
     spec = os.environ.pop(PROFILE_ENV, None)
     layer_check = None

@@ -137,14 +137,26 @@ def sweep():
 class Output:
     """The captured stdout/stderr of one run: capped in bytes, streamed if asked."""
 
-    def __init__(self, rid, cap, stream):
+    def __init__(self, rid, cap, stream, mode=None):
         self.rid = rid
         self.cap = cap
         self.stream = stream
         self.out = {"stdout": bytearray(), "stderr": bytearray()}
         self.total = {"stdout": 0, "stderr": 0}
+        RUN_NUMBER[0] += 1
+        self.llm = {}  # output mode "llm": head, tail and a saved copy (supervisor_output.py)
+        if mode and mode.get("mode") == "llm":
+            head, tail = int(mode["head_bytes"]), int(mode["tail_bytes"])
+            self.llm = {n: LlmStream(n, RUN_NUMBER[0], head, tail) for n in OUTPUT_STREAMS}
 
     def feed(self, name, data):
+        if self.llm:
+            self.llm[name].feed(data)
+            sent = self.total[name]  # streamed so far: up to the cap, as in the full mode
+            self.total[name] += len(data)
+            if self.stream and sent < self.cap:
+                send({"op": "out", "id": self.rid, "stream": name}, bytes(data[: self.cap - sent]))
+            return
         self.total[name] += len(data)
         buf = self.out[name]
         room = self.cap - len(buf)
@@ -156,12 +168,18 @@ class Output:
 
     def fields(self):
         out, err = bytes(self.out["stdout"]), bytes(self.out["stderr"])
-        return {
+        cut = {}
+        if self.llm:
+            out, cut["stdout_llm"] = self.llm["stdout"].finish()
+            err, cut["stderr_llm"] = self.llm["stderr"].finish()
+        fields = {
             "stdout_len": len(out),
             "stderr_len": len(err),
             "stdout_total": self.total["stdout"],
             "stderr_total": self.total["stderr"],
-        }, out + err
+        }
+        fields.update((k, v) for k, v in cut.items() if v is not None)
+        return fields, out + err
 
 
 class Supervised:
@@ -169,7 +187,9 @@ class Supervised:
 
     def __init__(self, rid, msg):
         self.rid = rid
-        self.output = Output(rid, int(msg["max_output_bytes"]), bool(msg.get("stream")))
+        self.output = Output(
+            rid, int(msg["max_output_bytes"]), bool(msg.get("stream")), msg.get("output")
+        )
         self.max_rss = int(msg["max_memory_mb"]) * 1048576
         self.memory_probe = MEMORY_PROBES[msg.get("memory_probe", "rss")]
         self.grace_s = float(msg.get("grace_s", 2.0))
@@ -183,6 +203,10 @@ class Supervised:
         self.term_signal = None
         self.cpu_s = 0.0
         self.peak_rss = 0
+        # What the call leaves behind (supervisor_artifacts.py): the workspace before it, and
+        # the images a session worker sends with its reply.
+        self.call_begun = begin_call()
+        self.images, self.image_notes = [], []
 
     def check_limits(self, now):
         """The timeout, the kill after the grace, and the memory limit."""
@@ -221,6 +245,7 @@ class Supervised:
             "peak_memory_mb": round(self.peak_rss / 1048576, 2),
         }
         msg.update(extra)
+        blob += end_call(self, msg)
         send(msg, blob)
 
 

@@ -38,7 +38,9 @@ class SessionRun(Supervised):
         worker.submit({"cell": rid, "stream": bool(msg.get("stream"))}, code)
 
     def replied(self, reply, stdout_tail=b""):
-        """The worker finished the code; ``stdout_tail`` is output it kept in memory."""
+        """The worker finished the code; ``stdout_tail`` is output it kept in memory, followed
+        by the images it sends (split off here; see ``supervisor_artifacts.py``)."""
+        stdout_tail, self.images, self.image_notes = take_images(reply, stdout_tail)
         self.stdout_tail = stdout_tail
         self.exit_code = reply["exit_code"]
         self.result = reply.get("result")

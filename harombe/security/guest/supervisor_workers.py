@@ -48,7 +48,8 @@ MAX_LEFTOVERS = 16
 #: running (only paid when a thread is seen after a call).
 THREAD_EXIT_GRACE_S = 0.05
 THREAD_EXIT_POLL_S = 0.002
-REPLY_KEYS = frozenset(("cell", "exit_code", "result", "cpu_s", "maxrss_kb", "leftover"))
+REPLY_KEYS = frozenset(("cell", "exit_code", "result", "cpu_s", "maxrss_kb", "leftover",
+                        "artifacts", "artifact_notes"))  # fmt: skip
 
 
 class Violation(Exception):
@@ -99,7 +100,8 @@ class Worker:
         self.sel = sel
         self.run = None
         self.replies = FrameDecoder(
-            max_json_bytes=MAX_REPLY_JSON_BYTES, max_blob_bytes=MAX_REPLY_TAIL_BYTES
+            max_json_bytes=MAX_REPLY_JSON_BYTES,
+            max_blob_bytes=MAX_REPLY_TAIL_BYTES + MAX_ARTIFACT_BYTES,  # held stdout, images
         )
         self.pending = b""
         self.exit_status = None

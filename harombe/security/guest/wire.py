@@ -31,6 +31,9 @@ HEADER = struct.Struct(">II")
 MAX_JSON_BYTES = 8 * 1024 * 1024
 #: Default cap on a frame's blob: a 64 MiB file or output, and room for the rest.
 MAX_BLOB_BYTES = 65 * 1024 * 1024
+#: Cap on the images one Python call sends back (PNG bytes, all images together); past it an
+#: image is dropped with a warning. The host's cap on a ``done`` frame's blob counts it.
+MAX_ARTIFACT_BYTES = 10 * 1024 * 1024
 
 
 #: Objects and arrays one capped frame may open: a 10,000-entry listing opens 10,002. Each

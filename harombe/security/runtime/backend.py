@@ -11,7 +11,7 @@ raises only :mod:`harombe.errors` exceptions: a missing container is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -25,6 +25,8 @@ class ContainerInfo:
     name: str
     status: str
     labels: dict[str, str]
+    image: str = ""  # the image name it was created from
+    created_s: float = 0.0  # when it was created, seconds since the epoch (0: unknown)
 
 
 @runtime_checkable
@@ -38,6 +40,20 @@ class Stdio(Protocol):
         """Send to stdin; :class:`~harombe.errors.SandboxLostError` once it is closed."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class Terminal(Stdio, Protocol):
+    """A process's pseudo-terminal: ``read`` gives ``(1, bytes)`` of what it shows (one raw
+    stream, stderr included), ``write`` sends typed bytes (``\\x03`` is Ctrl-C)."""
+
+    exec_id: str
+
+    async def resize(self, *, rows: int, cols: int) -> None:
+        """Resize the terminal; its foreground process group gets SIGWINCH."""
+
+    async def exit_code(self) -> int | None:
+        """The process's exit status; ``None`` while it runs."""
 
 
 @runtime_checkable
@@ -87,6 +103,20 @@ class DockerBackend(Protocol):
 
     async def list_containers(self, labels: dict[str, str]) -> list[ContainerInfo]:
         """Every container (running or not) carrying all of ``labels``."""
+
+    # Interactive execs (``harombe shell``)
+    async def exec_interactive(
+        self,
+        container_id: str,
+        cmd: Sequence[str],
+        *,
+        user: str,
+        env: Mapping[str, str],
+        workdir: str,
+        size: tuple[int, int],
+    ) -> Terminal:
+        """Start ``cmd`` in the running container as ``user`` with exactly ``env``, in
+        ``workdir``, on a new pseudo-terminal of ``size`` (rows, columns), stdin attached."""
 
     # Networks
     async def create_network(self, name: str, *, labels: dict[str, str]) -> tuple[str, str]:

@@ -23,6 +23,7 @@ import structlog
 
 from harombe.errors import SandboxLostError, SandboxStartError
 from harombe.security.guest.wire import (
+    MAX_ARTIFACT_BYTES,
     MAX_BLOB_BYTES,
     MAX_JSON_BYTES,
     FrameDecoder,
@@ -44,8 +45,9 @@ Reply = tuple[dict[str, Any], bytes]
 
 
 def blob_cap_bytes(max_file_bytes: int, max_output_bytes: int) -> int:
-    """The largest blob a sandbox with these limits can legitimately send in one frame."""
-    return max(max_file_bytes, 2 * max_output_bytes) + BLOB_SLACK_BYTES
+    """The largest blob a sandbox with these limits can legitimately send in one frame: a
+    file, or both output streams of a run and the images it displayed."""
+    return max(max_file_bytes, 2 * max_output_bytes + MAX_ARTIFACT_BYTES) + BLOB_SLACK_BYTES
 
 
 class Channel:

@@ -5,7 +5,7 @@ SDK calls run in a private thread pool so the event loop never blocks. Every for
 mapped to a :mod:`harombe.errors` exception in one place, :func:`translate`, by its type and
 by what the call was about (an image, a container, a network), never by its message text. The
 attached stdio of a container and the health check use the daemon's socket directly
-(:mod:`.docker_socket`).
+(:mod:`.docker_socket`), and so do interactive terminals (:mod:`.docker_exec`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from harombe.errors import (
     SandboxStartError,
     UsageError,
 )
-from harombe.security.runtime import docker_socket
+from harombe.security.runtime import docker_exec, docker_socket
 from harombe.security.runtime.backend import ContainerInfo, DockerBackend
 from harombe.security.runtime.docker_socket import FIX_DAEMON, AttachedStdio
 from harombe.security.runtime.tasks import outlast, settle
@@ -125,7 +125,7 @@ def _labels_filter(labels: dict[str, str]) -> dict[str, list[str]]:
     return {"label": [f"{k}={v}" if v else k for k, v in labels.items()]}
 
 
-class DockerManager(DockerBackend):
+class DockerManager(docker_exec.TerminalExecs, DockerBackend):
     """Owns the Docker client. ``await start()`` before use, ``await stop()`` after."""
 
     def __init__(
@@ -381,6 +381,7 @@ class DockerManager(DockerBackend):
                 name=(item.get("Names") or ["?"])[0].lstrip("/"),
                 status=item.get("State", ""),
                 labels=dict(item.get("Labels") or {}),
+                image=str(item.get("Image") or ""), created_s=float(item.get("Created") or 0),
             )
             for item in found
         ]

@@ -1,9 +1,10 @@
-"""The two Docker calls made on the daemon's unix socket directly, without the SDK.
+"""The Docker calls made on the daemon's unix socket directly, without the SDK.
 
 * :func:`ping` — ``GET /_ping`` within a short limit, so a missing, refused or hung socket fails
   in seconds with an error naming the socket and the fix;
 * :func:`attach` — the HTTP upgrade that gives a container's stdio, read with asyncio, so a
-  sandbox's channel costs one socket and no thread.
+  sandbox's channel costs one socket and no thread;
+* :func:`upgrade` — the HTTP upgrade behind :func:`attach` and :mod:`.docker_exec`'s terminals.
 """
 
 from __future__ import annotations
@@ -49,6 +50,36 @@ class AttachedStdio:
         self._writer.close()
 
 
+async def upgrade(
+    path: str, url: str, *, what: str, body: bytes = b""
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """POST ``url`` (with JSON ``body``) asking for an upgrade to a raw stream; the open socket
+    once Docker switched. A 404 is :class:`SandboxLostError` (``what`` is gone), any other
+    refusal :class:`DockerUnavailableError`; socket errors are raised as they are."""
+    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 22)
+    kind = "Content-Type: application/json\r\n" if body else ""
+    try:
+        writer.write(
+            f"POST {url} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\n"
+            f"Upgrade: tcp\r\n{kind}Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+    except BaseException:
+        writer.close()  # a cancelled or failed upgrade keeps no socket open
+        raise
+    status = head.split(b"\r\n", 1)[0].decode("latin-1")
+    code = status.split(" ", 2)[1] if status.count(" ") >= 1 else ""
+    if code == "404":
+        writer.close()
+        raise SandboxLostError(f"{what} is gone: {status}")
+    if code not in ("101", "200"):
+        writer.close()
+        raise DockerUnavailableError(f"Docker refused to attach to {what}: {status}")
+    return reader, writer
+
+
 async def attach(path: str, *, api_version: str, container_id: str) -> AttachedStdio:
     """Attach to a container's stdio over the daemon socket at ``path``.
 
@@ -58,26 +89,7 @@ async def attach(path: str, *, api_version: str, container_id: str) -> AttachedS
         f"/v{api_version}/containers/{quote(container_id)}/attach"
         "?stream=1&stdin=1&stdout=1&stderr=1"
     )
-    reader, writer = await asyncio.open_unix_connection(path, limit=1 << 22)
-    try:
-        writer.write(
-            f"POST {url} HTTP/1.1\r\nHost: docker\r\nConnection: Upgrade\r\n"
-            "Upgrade: tcp\r\nContent-Length: 0\r\n\r\n".encode()
-        )
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-    except BaseException:
-        writer.close()  # a cancelled or failed attach keeps no socket open
-        raise
-    status = head.split(b"\r\n", 1)[0].decode("latin-1")
-    code = status.split(" ", 2)[1] if status.count(" ") >= 1 else ""
-    if code == "404":
-        writer.close()
-        raise SandboxLostError(f"the container {container_id[:12]} is gone: {status}")
-    if code not in ("101", "200"):
-        writer.close()
-        raise DockerUnavailableError(f"Docker refused to attach to {container_id[:12]}: {status}")
-    return AttachedStdio(reader, writer)
+    return AttachedStdio(*await upgrade(path, url, what=f"the container {container_id[:12]}"))
 
 
 async def ping(path: str, *, timeout_s: float) -> None:

@@ -298,6 +298,7 @@ class SandboxManager:
         timeout_s: float | None = None,
         on_output: OutputCallback | None = None,
         fresh: bool | None = None,
+        output_mode: str | None = None,
     ) -> ExecutionResult:
         """Run ``code`` in the sandbox (see :meth:`.runs.Runs.execute`). Failures of the code
         are in the result; a sandbox that dies is replaced, and the result says by which."""
@@ -305,11 +306,10 @@ class SandboxManager:
         started = time.perf_counter()
         try:
             return await self.runs.execute(box, code, language=language, timeout_s=timeout_s,
-                                           on_output=on_output, fresh=fresh)  # fmt: skip
+                on_output=on_output, fresh=fresh, output_mode=output_mode)  # fmt: skip
         except SandboxLostError as exc:
             self._check_still_live(box)
-            return await self._replace(box, exc, language=language or box.language,
-                                       started=started)  # fmt: skip
+            return await self._replace(box, exc, language=language or box.language, started=started)
 
     async def install_package(
         self, sandbox_id: str, package: str, registry: str = "pypi"

@@ -12,6 +12,8 @@ from typing import Any
 
 from harombe.config import Limits
 from harombe.errors import InfrastructureError
+from harombe.security.runtime.artifacts import left_behind, utf8_text
+from harombe.security.runtime.llm_output import decode_llm
 from harombe.security.runtime.sandbox import ExecutionResult, Sandbox
 
 TRUNCATION_MARK = "\n[OUTPUT TRUNCATED]"
@@ -28,6 +30,20 @@ def _decode(data: bytes, total: int) -> tuple[str, bool]:
     # An incremental decoder drops a multi-byte character cut in half by the byte cap.
     text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=not truncated)
     return (text + TRUNCATION_MARK if truncated else text), truncated
+
+
+def _stream(
+    reply: dict[str, Any], name: str, data: bytes, total: int, files: dict[str, str]
+) -> tuple[str, bool]:
+    """A stream's text and whether it was cut: head, marker and tail when the supervisor cut
+    it in the ``llm`` output mode (the saved copy's path goes into ``files``), else as capped."""
+    shaped = decode_llm(reply, name, data, total)
+    if shaped is None:
+        return _decode(data, total)
+    text, path = shaped
+    if path is not None:
+        files[name] = path
+    return text, True
 
 
 def _error_of(status: str, exit_code: int, limits: Limits) -> str | None:
@@ -63,6 +79,19 @@ def _amount(reply: dict[str, Any], key: str) -> float:
     return float(value)
 
 
+def _status_of(reply: dict[str, Any]) -> tuple[str, int]:
+    """A ``done`` reply's status and exit code, checked against each other."""
+    status = reply["status"]
+    if status not in STATUSES:
+        raise ValueError(f"a done reply whose status is {str(status)[:40]!r}")
+    # A timed-out run's own exit code is not reported (it may be absent): -1 says "killed".
+    exit_code = -1 if status == "timeout" else _count(reply, "exit_code", low=EXIT_CODE_RANGE[0])
+    inconsistent = (status == "ok") != (exit_code == 0) and status in ("ok", "error")
+    if exit_code >= EXIT_CODE_RANGE[1] or inconsistent:
+        raise ValueError(f"a done reply with status {status} and exit code {exit_code}")
+    return status, exit_code
+
+
 def result_from_reply(
     box: Sandbox,
     reply: dict[str, Any],
@@ -82,17 +111,12 @@ def result_from_reply(
         # The supervisor refused (a run still active after a cancel): not the caller's misuse.
         raise InfrastructureError(f"sandbox refused the run: {str(reply.get('message'))[:200]}")
     out_len = _count(reply, "stdout_len")
+    blob, left, left_warnings = left_behind(reply, blob, out_len)  # files, images
     stdout_total, stderr_total = _count(reply, "stdout_total"), _count(reply, "stderr_total")
-    stdout, out_cut = _decode(blob[:out_len], stdout_total)
-    stderr, err_cut = _decode(blob[out_len:], stderr_total)
-    status = reply["status"]
-    if status not in STATUSES:
-        raise ValueError(f"a done reply whose status is {str(status)[:40]!r}")
-    # A timed-out run's own exit code is not reported (it may be absent): -1 says "killed".
-    exit_code = -1 if status == "timeout" else _count(reply, "exit_code", low=EXIT_CODE_RANGE[0])
-    inconsistent = (status == "ok") != (exit_code == 0) and status in ("ok", "error")
-    if exit_code >= EXIT_CODE_RANGE[1] or inconsistent:
-        raise ValueError(f"a done reply with status {status} and exit code {exit_code}")
+    files: dict[str, str] = {}  # output mode llm: where the full text of a cut stream is
+    stdout, out_cut = _stream(reply, "stdout", blob[:out_len], stdout_total, files)
+    stderr, err_cut = _stream(reply, "stderr", blob[out_len:], stderr_total, files)
+    status, exit_code = _status_of(reply)
     if out_len > stdout_total or len(blob) - out_len > stderr_total:
         raise ValueError("a done reply that kept more output than it counted")
     result, warnings_in = reply.get("result"), reply.get("warnings") or []
@@ -118,10 +142,12 @@ def result_from_reply(
         cpu_s=_amount(reply, "cpu_s"),
         peak_memory_mb=_amount(reply, "peak_memory_mb"),
         timeout_s=timeout_s,
-        warnings=list(warnings or []) + [str(w) for w in warnings_in],
-        result=result,
+        warnings=list(warnings or []) + [utf8_text(str(w)) for w in warnings_in] + left_warnings,
+        result=None if result is None else utf8_text(result),
         state_lost=bool(reply.get("state_lost")),
         stateful=bool(reply.get("session")),
+        **left,
+        output_files=files,
     )
 
 

@@ -14,12 +14,21 @@ import math
 import time
 from typing import Any
 
-from harombe.config import INTERPRETERS, LANGUAGES, Language, Limits, SandboxConfig
+from harombe.config import (
+    INTERPRETERS,
+    LANGUAGES,
+    OUTPUT_MODES,
+    Language,
+    Limits,
+    OutputMode,
+    SandboxConfig,
+)
 from harombe.errors import HarombeError, SandboxLostError, UsageError
 from harombe.security.guest import JS_WORKER_SOURCE
 from harombe.security.policy.paths import WORKSPACE
 from harombe.security.runtime.backend import DockerBackend
 from harombe.security.runtime.channel import OutputCallback
+from harombe.security.runtime.llm_output import llm_request
 from harombe.security.runtime.output_guard import GuardedOutput
 from harombe.security.runtime.preflight import GVISOR_RUNTIMES
 from harombe.security.runtime.profiled import cap_timeout, check_call
@@ -125,6 +134,47 @@ def effective_timeout(limits: Limits, timeout_s: float | None) -> tuple[float, l
     return float(timeout_s), []
 
 
+def check_output_mode(output_mode: object) -> OutputMode:
+    """``output_mode`` if it is one of ``OUTPUT_MODES``, else :class:`UsageError`."""
+    for mode in OUTPUT_MODES:
+        if output_mode == mode and type(output_mode) is str:
+            return mode
+    raise UsageError(
+        f"output_mode must be 'full' or 'llm', got {str(output_mode)[:40]!r}; leave it out for "
+        "the configured default (security.sandbox.output_mode)"
+    )
+
+
+def run_request(
+    box: Sandbox,
+    argv: list[str],
+    limits: Limits,
+    *,
+    timeout_s: float,
+    stream: bool,
+    extra_env: dict[str, str] | None,
+    output_mode: OutputMode,
+) -> dict[str, Any]:
+    """The supervisor's ``run`` request for ``argv`` in ``box`` under ``limits``."""
+    msg: dict[str, Any] = {
+        "op": "run",
+        "argv": argv,
+        "env": {**RUN_ENV, **box.env, **(extra_env or {})},
+        "cwd": WORKSPACE,
+        "timeout_s": timeout_s,
+        "grace_s": limits.kill_grace_s,
+        "max_output_bytes": limits.max_output_bytes,
+        "max_memory_mb": limits.max_memory_mb,
+        "max_pids": limits.max_pids,
+        # gVisor's /proc/meminfo is per sandbox; other runtimes show the host's there.
+        "memory_probe": "meminfo" if box.runtime in GVISOR_RUNTIMES else "rss",
+        "stream": stream,
+    }
+    if output_mode == "llm":  # head, tail and a saved copy of a long stream (llm_output.py)
+        msg["output"] = llm_request(limits)
+    return msg
+
+
 class Runs:
     """Runs code and programs in sandboxes, under the limits of ``config``."""
 
@@ -159,13 +209,15 @@ class Runs:
         timeout_s: float | None = None,
         on_output: OutputCallback | None = None,
         fresh: bool | None = None,
+        output_mode: str | None = None,
     ) -> ExecutionResult:
         """Run ``code`` in ``box``; failures of the code are in the result, not raised.
 
         Python and JavaScript run in the sandbox's session interpreter unless ``fresh`` is
         true or the config says ``stateful: false``; shell always runs a fresh ``bash``. On a
         sandbox with a profile, only Python in its session interpreter, and the profile's
-        ``timeout_max_s`` caps the timeout (see :mod:`.profiled`).
+        ``timeout_max_s`` caps the timeout (see :mod:`.profiled`). ``output_mode`` ``None``
+        is the config's ``output_mode`` (see :mod:`.llm_output` for ``llm``).
         Raises :class:`SandboxLostError` (with the cause found) when the sandbox dies."""
         lang: Language = language or box.language
         if lang not in LANGUAGES:
@@ -173,6 +225,7 @@ class Runs:
                 f"unknown language {str(lang)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
         timeout, warnings = effective_timeout(self.limits, timeout_s)  # checks it, too
+        mode = check_output_mode(self._config.output_mode if output_mode is None else output_mode)
         check_call(box, language=lang, fresh=fresh)
         timeout, warnings = cap_timeout(box.profile, timeout, warnings)
         if not isinstance(code, str):
@@ -197,7 +250,7 @@ class Runs:
         async with box.lock:
             result = await self.run(
                 box, argv, payload, language=lang, timeout_s=timeout, on_output=guard,
-                warnings=warnings, session=session,
+                warnings=warnings, session=session, output_mode=mode,
             )  # fmt: skip
         if guard is not None and guard.failure:
             result.warnings.append(guard.failure)
@@ -215,24 +268,13 @@ class Runs:
         warnings: list[str] | None = None,
         extra_env: dict[str, str] | None = None,
         session: bool = False,
+        output_mode: OutputMode = "full",
     ) -> ExecutionResult:
         """Run ``argv`` (or, with ``session``, code in the session interpreter); the caller
         holds ``box.lock``. Raises :class:`SandboxLostError` when the sandbox dies."""
         limits = box.limits or self.limits
-        msg: dict[str, Any] = {
-            "op": "run",
-            "argv": argv,
-            "env": {**RUN_ENV, **box.env, **(extra_env or {})},
-            "cwd": WORKSPACE,
-            "timeout_s": timeout_s,
-            "grace_s": limits.kill_grace_s,
-            "max_output_bytes": limits.max_output_bytes,
-            "max_memory_mb": limits.max_memory_mb,
-            "max_pids": limits.max_pids,
-            # gVisor's /proc/meminfo is per sandbox; other runtimes show the host's there.
-            "memory_probe": "meminfo" if box.runtime in GVISOR_RUNTIMES else "rss",
-            "stream": on_output is not None,
-        }
+        msg = run_request(box, argv, limits, timeout_s=timeout_s, stream=on_output is not None,
+                          extra_env=extra_env, output_mode=output_mode)  # fmt: skip
         if session:
             msg.update(self.session_fields(box, language), env=msg["env"])
         started = time.perf_counter()

@@ -258,6 +258,13 @@ class ExecutionResult:
     result: str | None = None  # repr of the final bare expression (stateful runs)
     state_lost: bool = False  # the session interpreter had to be killed; next call starts afresh
     stateful: bool = False
+    # Output mode llm: where the full text of each cut stream is saved, relative to /workspace.
+    output_files: dict[str, str] = field(default_factory=dict)
+    # What the call left behind (see runtime/artifacts.py): files it created or changed under
+    # /workspace, whether that list is incomplete, and images its Python code displayed.
+    changed_files: list[dict[str, Any]] = field(default_factory=list)
+    changed_files_truncated: bool = False
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

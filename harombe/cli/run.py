@@ -1,0 +1,231 @@
+"""``harombe run FILE|-``: run one program in a new gVisor sandbox, stream its output, exit
+with its exit code, and remove the sandbox (also on Ctrl-C)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+
+from harombe.cli.common import (
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    hitl_requested,
+    run_async,
+    say_error,
+    start_command,
+    started_manager,
+    with_limits,
+)
+from harombe.config import LANGUAGES, HarombeConfig, load_config
+from harombe.errors import HarombeError, UsageError
+
+NAME = "harombe run"
+#: File name endings and the language they mean.
+EXTENSIONS = {
+    ".py": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".cjs": "javascript",
+    ".sh": "shell",
+    ".bash": "shell",
+}
+#: Exit codes of runs that did not end by themselves (as coreutils ``timeout`` and shells).
+EXIT_TIMEOUT = 124
+EXIT_OOM = 137
+#: Run statuses that are not the program's own exit, and the code each exits with.
+STATUS_EXITS = {"timeout": EXIT_TIMEOUT, "oom": EXIT_OOM, "cancelled": EXIT_INTERRUPTED}
+
+HELP = f"""Run FILE (or - for the program on stdin) in a new gVisor sandbox.
+
+The language comes from FILE's extension ({", ".join(EXTENSIONS)}) or --language, which
+reading stdin needs. Output is streamed as it is printed: the program's stdout to stdout, its
+stderr to stderr. The sandbox is removed at the end, also on Ctrl-C.
+
+\b
+Exit codes:
+  the program's own    it ended by itself (killed by signal N: 128+N)
+  {EXIT_TIMEOUT}                  it ran past --timeout (as coreutils `timeout`)
+  {EXIT_OOM}                  it used more than the memory limit and was killed
+  {EXIT_INTERRUPTED}                  interrupted (Ctrl-C)
+  1                    harombe could not run it (Docker, image, sandbox lost, not approved)
+  2                    bad usage (options, config file, unreadable FILE)
+
+The person who runs this command chose the program, so the HITL gate asks only when the
+config (file or HAROMBE__SECURITY__HITL__* variables) has a security.hitl section that
+leaves it enabled: then a run that needs approval is shown on the terminal and runs only on
+a yes, and without a terminal on stdin it is refused.
+"""
+
+
+def detect_language(file: str, language: str | None) -> str:
+    """``language`` if given, else the one ``file``'s extension names; :class:`UsageError`
+    when neither says."""
+    if language is not None:
+        return language
+    if file == "-":
+        raise UsageError("reading the program from stdin needs --language (python, "
+                         "javascript or shell)")  # fmt: skip
+    found = EXTENSIONS.get(Path(file).suffix.lower())
+    if found is None:
+        raise UsageError(
+            f"cannot tell the language of {file!r} from its extension; name it with "
+            f"--language ({', '.join(LANGUAGES)}) or use one of {', '.join(EXTENSIONS)}"
+        )
+    return found
+
+
+def exit_code_of(result: Mapping[str, Any]) -> int:
+    """The exit code the CLI ends with for a ``code_execute`` result (see :data:`HELP`)."""
+    status = result.get("status")
+    if status is None or status == "lost":  # the call failed before or outside the program
+        return EXIT_ERROR
+    if status == "ok":
+        return 0
+    if status in STATUS_EXITS:
+        return STATUS_EXITS[status]
+    code = result.get("exit_code")
+    if not isinstance(code, int) or isinstance(code, bool) or code == 0:
+        return EXIT_ERROR
+    if code < 0:  # killed by signal -code, as a shell reports it
+        return min(128 - code, 255)
+    return code if code <= 255 else EXIT_ERROR
+
+
+def message_of(result: Mapping[str, Any]) -> str | None:
+    """What harombe says on stderr after the run, if anything (the program said the rest)."""
+    status = result.get("status")
+    if status is None or status in ("lost", "oom", "cancelled"):
+        return str(result.get("error"))
+    if status == "timeout":
+        return f"timed out after {result.get('timeout_s', 0):g} s (exit {EXIT_TIMEOUT})"
+    return None
+
+
+def read_program(file: str) -> str:
+    """The program's text from ``file`` (``-``: stdin); :class:`UsageError` when unreadable."""
+    try:
+        if file == "-":
+            return sys.stdin.read()
+        return Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        where = "stdin" if file == "-" else repr(file)
+        raise UsageError(f"cannot read the program from {where}: {exc}") from None
+
+
+async def ask_on_terminal(request: Any) -> Any:
+    """The CLI's approver: show the request and ask yes/no on the terminal (the person
+    running the command is the human in the loop); deny when stdin is not a terminal."""
+    from harombe.security.approval.approvers import render_request
+    from harombe.security.approval.gate import ApprovalResponse
+
+    if not sys.stdin.isatty():
+        return ApprovalResponse(False, approver="harombe run",
+                                comment="no terminal on stdin to ask for approval")  # fmt: skip
+    click.echo(render_request(request), err=True)
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[bool] = loop.create_future()
+
+    def ask() -> None:  # a daemon thread: Ctrl-C or the gate's timeout leave it behind
+        try:
+            yes = click.confirm("Run it?", default=False, err=True)
+        except (click.Abort, EOFError):
+            yes = False
+        def give() -> None:
+            if not answer.done():
+                answer.set_result(yes)
+
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            loop.call_soon_threadsafe(give)
+
+    threading.Thread(target=ask, daemon=True, name="harombe-approval").start()
+    return ApprovalResponse(await answer, approver="harombe run")
+
+
+def write_output(stream: str, data: bytes) -> None:
+    """Pass the program's output through as it comes, on the stream it was written to."""
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    out.buffer.write(data)
+    out.flush()
+
+
+async def run_program(
+    config: HarombeConfig,
+    *,
+    language: str,
+    code: str,
+    timeout_s: float | None,
+    network: bool | None,
+    allowed_domains: Sequence[str],
+    profile: str | None,
+    gated: bool,
+) -> dict[str, Any]:
+    """Run ``code`` in a new sandbox, its output streamed; the ``code_execute`` result. With
+    ``gated``, the HITL gate the config describes decides first, asking on the terminal."""
+    from harombe.security.approval.gate import gate_from_config
+    from harombe.tools.code_execution import CodeExecutionTools
+
+    async with started_manager(config) as manager:
+        gate = gate_from_config(config, approver=ask_on_terminal) if gated else None
+        tools = CodeExecutionTools(manager, gate)
+        return await tools.code_execute(
+            language=language, code=code, timeout=timeout_s, network_enabled=network,
+            allowed_domains=list(allowed_domains), fresh=True, profile=profile,
+            on_output=write_output,
+        )  # fmt: skip
+
+
+@click.command(help=HELP)
+@click.argument("file", metavar="FILE|-")
+@click.option("-l", "--language", type=click.Choice(LANGUAGES), help="the program's language")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
+              metavar="SECONDS", help="kill it after this long (default: max_execution_time)")
+@click.option("--memory-mb", type=click.IntRange(min=32), help="memory limit, MiB")
+@click.option("--cpus", type=click.FloatRange(min=0, min_open=True, max=64),
+              help="CPU cores it may use (e.g. 0.5)")
+@click.option("--network/--no-network", default=None,
+              help="give it network access, limited to --allow-domain names")
+@click.option("--allow-domain", "allowed_domains", multiple=True, metavar="NAME",
+              help="a host name it may reach (repeatable; implies --network)")
+@click.option("--profile", help="a policy profile to run under (Python), e.g. minimal")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False),
+              help="config file (default $HAROMBE_CONFIG)")
+@click.pass_context
+def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | None,
+        memory_mb: int | None, cpus: float | None, network: bool | None,
+        allowed_domains: tuple[str, ...], profile: str | None,
+        config_path: str | None) -> int:  # fmt: skip
+    start_command(ctx)
+    try:
+        chosen = detect_language(file, language)
+        code = read_program(file)
+        loaded = load_config(config_path)
+        config = with_limits(loaded, max_memory_mb=memory_mb, max_cpu_cores=cpus,
+                             max_execution_time=timeout_s)  # fmt: skip
+    except HarombeError as exc:  # UsageError, ConfigError: how it was asked
+        return say_error(NAME, exc, EXIT_USAGE)
+    if allowed_domains and network is None:
+        network = True
+
+    async def main() -> int:
+        try:
+            result = await run_program(config, language=chosen, code=code, timeout_s=timeout_s,
+                                       network=network, allowed_domains=allowed_domains,
+                                       profile=profile, gated=hitl_requested(loaded))  # fmt: skip
+        except HarombeError as exc:  # Docker away, image missing, runtime not registered
+            return say_error(NAME, exc)
+        for warning in result.get("warnings") or ():
+            say_error(NAME, f"warning: {warning}")
+        message = message_of(result)
+        if message:
+            say_error(NAME, message)
+        return exit_code_of(result)
+
+    return run_async(main)
