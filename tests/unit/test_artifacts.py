@@ -9,23 +9,32 @@ import os
 import socket
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
 
-from harombe.security.guest import load
+from harombe.security.guest import SUPERVISOR_PARTS, load
 from harombe.security.guest.wire import MAX_ARTIFACT_BYTES
 from harombe.security.runtime.artifacts import (
     MAX_CHANGED_FILES,
+    MAX_IMAGE_PIXELS,
     binary_content,
     changed_files,
     left_behind,
     mime_type,
+    oversized,
     split_images,
 )
 
-PNG = b"\x89PNG\r\n\x1a\n" + b"body"
+
+def png_header(width: int, height: int) -> bytes:
+    """The signature and IHDR chunk of a PNG of ``width`` x ``height`` (no pixel data)."""
+    ihdr = width.to_bytes(4, "big") + height.to_bytes(4, "big") + b"\x08\x02\x00\x00\x00"
+    return b"\x89PNG\r\n\x1a\n" + len(ihdr).to_bytes(4, "big") + b"IHDR" + ihdr + b"crc!"
+
+
+PNG = png_header(2, 3) + b"body"
 SUPERVISOR = load(
     ("wire.py", "supervisor_io.py", "supervisor_procs.py", "supervisor_paths.py",
      "supervisor_files.py", "supervisor_artifacts.py", "supervisor_workers.py"),
@@ -315,3 +324,58 @@ def test_pyplot_gets_the_workers_show_when_imported(
     assert matplotlib.other.show() == "original"
     for name in ("matplotlib", "matplotlib.pyplot", "matplotlib.other"):
         sys.modules.pop(name, None)
+
+
+@pytest.mark.parametrize(
+    ("png", "refused"),
+    [
+        (png_header(640, 480), None),
+        (png_header(1, MAX_IMAGE_PIXELS), None),
+        (png_header(100_000, 100_000), "more than"),
+        (png_header(2**32 - 1, 2**32 - 1), "more than"),
+        (png_header(0, 10), "more than"),
+        (b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\x0dIDAT" + bytes(8), "not a PNG image header"),
+        (b"\x89PNG\r\n\x1a\n", "not a PNG image header"),
+    ],
+    ids=["vga", "at-the-cap", "10-gigapixels", "max-u32", "zero-width", "no-ihdr", "truncated"],
+)
+def test_an_image_that_would_decode_to_gigabytes_is_refused(
+    png: bytes, refused: str | None
+) -> None:
+    """A small PNG claiming huge dimensions (a decompression bomb for the client) is refused."""
+    reason = oversized(png)
+    assert (reason is None) if refused is None else (refused in str(reason))
+
+
+def test_a_bomb_is_dropped_with_a_warning_not_sent() -> None:
+    """split_images drops an image over the pixel cap and says why."""
+    bomb = png_header(100_000, 100_000)
+    images, warnings = split_images({"artifacts": [["final expression", len(bomb)]]}, bomb, 0)
+    assert images == [] and "pixels is more than" in warnings[0]
+
+
+JOINED = load(SUPERVISOR_PARTS, "harombe_supervisor_joined")
+
+
+@pytest.mark.parametrize(
+    ("language", "reply", "allowed"),
+    [
+        ("python", {"artifacts": [["matplotlib figure 1", 3]]}, True),
+        ("javascript", {"artifacts": [["matplotlib figure 1", 3]]}, False),
+        ("javascript", {"artifact_notes": ["forged note"]}, False),
+        ("javascript", {}, True),
+    ],
+    ids=["python-images", "js-images", "js-notes", "js-none"],
+)
+def test_only_the_python_worker_may_send_images(
+    language: str, reply: dict[str, Any], allowed: bool
+) -> None:
+    """A JavaScript worker's reply that claims images is a protocol violation."""
+    run = SimpleNamespace(worker=SimpleNamespace(language=language), peak_rss=0)
+    full = {"exit_code": 0, **reply}
+    if allowed:
+        JOINED.SessionRun.replied(run, full, b"outpng")
+        assert run.exit_code == 0
+    else:
+        with pytest.raises(JOINED.Violation):
+            JOINED.SessionRun.replied(run, full, b"outpng")

@@ -41,6 +41,10 @@ class SessionRun(Supervised):
         """The worker finished the code; ``stdout_tail`` is output it kept in memory, followed
         by the images it sends (split off here; see ``supervisor_artifacts.py``)."""
         stdout_tail, self.images, self.image_notes = take_images(reply, stdout_tail)
+        if self.worker.language != "python":
+            # Only the Python worker displays images; anything else claiming some is forged.
+            if self.images or self.image_notes:
+                raise Violation("images from a worker that never sends any")
         self.stdout_tail = stdout_tail
         self.exit_code = reply["exit_code"]
         self.result = reply.get("result")

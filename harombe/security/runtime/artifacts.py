@@ -22,6 +22,9 @@ MAX_CHANGED_FILES = 200
 MAX_IMAGES = 64
 CHANGES = ("created", "modified")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: Most pixels an image artifact may have (Pillow's own decompression-bomb limit is 89.5 M);
+#: a 3000 x 3000 figure at 300 dpi is 9 M.
+MAX_IMAGE_PIXELS = 40_000_000
 UNKNOWN_MIME = "application/octet-stream"
 #: Python's built-in table only (a new ``MimeTypes`` reads no system file): the same answer
 #: on every host.
@@ -65,6 +68,18 @@ def changed_files(reply: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
     return files, bool(reply.get("changed_files_truncated", False))
 
 
+def oversized(png: bytes) -> str | None:
+    """Why a PNG must not be passed on (a header that is not IHDR, or more pixels than
+    :data:`MAX_IMAGE_PIXELS`: a small file can decode to gigabytes in the client that shows
+    it), else ``None``."""
+    if len(png) < 24 or png[12:16] != b"IHDR":
+        return "its header is not a PNG image header"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    if not 0 < width * height <= MAX_IMAGE_PIXELS:
+        return f"{width}x{height} pixels is more than {MAX_IMAGE_PIXELS:,}"
+    return None
+
+
 def split_images(
     reply: dict[str, Any], blob: bytes, output_bytes: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -91,6 +106,10 @@ def split_images(
         at += size
         if not data.startswith(PNG_SIGNATURE):
             warnings.append(f"an image from {source!r} was dropped: it is not a PNG")
+            continue
+        too_big = oversized(data)
+        if too_big:
+            warnings.append(f"an image from {source!r} was dropped: {too_big}")
             continue
         images.append(
             {
