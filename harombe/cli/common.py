@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
@@ -27,6 +28,8 @@ T = TypeVar("T")
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+#: Signals that stop a command as Ctrl-C does (its sandboxes removed), exiting 128 + N.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 def configure_logs(verbose: bool) -> None:
@@ -101,18 +104,51 @@ async def started_manager(config: HarombeConfig) -> AsyncIterator[Any]:
         await docker.stop()
 
 
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM and SIGHUP from now on: a command already stopping removes its sandboxes
+    undisturbed (:func:`run_async` puts the handlers back when it returns)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def run_async(main: Callable[[], Awaitable[int]]) -> int:
     """``asyncio.run(main())``; Ctrl-C cancels ``main`` (whose ``finally`` blocks clean up)
-    and exits 130."""
+    and exits 130. SIGTERM and SIGHUP (a closed window, ``timeout``, a service manager)
+    cancel it the same way, once: later ones are ignored while it cleans up (its sandboxes
+    are removed, not left running), and it exits with 128 + the signal."""
+    got: list[int] = []
 
     async def wrapped() -> int:
-        return await main()
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+
+        def stop(signum: int, frame: object) -> None:
+            ignore_stop_signals()
+            got.append(signum)
+            if task is not None:
+                loop.call_soon_threadsafe(task.cancel)
+
+        main_thread = threading.current_thread() is threading.main_thread()
+        signums = STOP_SIGNALS if main_thread else ()  # only the main thread takes signals
+        previous = {signum: signal.signal(signum, stop) for signum in signums}
+        try:
+            return await main()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
     try:
-        return asyncio.run(wrapped())
+        code = asyncio.run(wrapped())
     except KeyboardInterrupt:
         click.echo("interrupted", err=True)
         return EXIT_INTERRUPTED
+    except asyncio.CancelledError:
+        if not got:
+            raise
+    if got:
+        click.echo(f"stopped by {signal.Signals(got[0]).name}", err=True)
+        return 128 + got[0]
+    return code
 
 
 class Status:

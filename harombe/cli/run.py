@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import threading
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from harombe.cli.common import (
     started_manager,
     with_limits,
 )
+from harombe.cli.screen import RESET, PlainText
 from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import HarombeError, UsageError
 
@@ -42,6 +44,8 @@ EXIT_TIMEOUT = 124
 EXIT_OOM = 137
 #: Run statuses that are not the program's own exit, and the code each exits with.
 STATUS_EXITS = {"timeout": EXIT_TIMEOUT, "oom": EXIT_OOM, "cancelled": EXIT_INTERRUPTED}
+#: harombe's own output closed by its reader (as a shell reports a pipeline killed by SIGPIPE).
+EXIT_BROKEN_PIPE = 128 + 13
 
 HELP = f"""Run FILE (or - for the program on stdin) in a new gVisor sandbox.
 
@@ -55,6 +59,8 @@ Exit codes:
   {EXIT_TIMEOUT}                  it ran past --timeout (as coreutils `timeout`)
   {EXIT_OOM}                  it used more than the memory limit and was killed
   {EXIT_INTERRUPTED}                  interrupted (Ctrl-C)
+  {EXIT_BROKEN_PIPE}                  its output's reader went away (`harombe run x | head`)
+  128+N                harombe got SIGTERM (143) or SIGHUP (129); the sandbox is removed
   1                    harombe could not run it (Docker, image, sandbox lost, not approved)
   2                    bad usage (options, config file, unreadable FILE)
 
@@ -149,11 +155,45 @@ async def ask_on_terminal(request: Any) -> Any:
     return ApprovalResponse(await answer, approver="harombe run")
 
 
-def write_output(stream: str, data: bytes) -> None:
-    """Pass the program's output through as it comes, on the stream it was written to."""
-    out = sys.stdout if stream == "stdout" else sys.stderr
-    out.buffer.write(data)
-    out.flush()
+class Output:
+    """The program's output passed through as it comes, on the stream it was written to: to a
+    pipe or file as it is, to a terminal as plain text and colours (:class:`PlainText`: the
+    program may not write the clipboard, retitle the window or move the cursor over what was
+    shown). :meth:`finish` readies the terminal for harombe's own lines."""
+
+    def __init__(self) -> None:
+        self.filters = {name: PlainText() if getattr(sys, name).isatty() else None
+                        for name in ("stdout", "stderr")}  # fmt: skip
+        self.at_line_start = True
+        self.shown = False  # anything reached a terminal
+        self.broken = False  # the reader of stdout or stderr went away
+        self._task = asyncio.current_task()
+
+    def write(self, stream: str, data: bytes) -> None:
+        name = "stdout" if stream == "stdout" else "stderr"
+        out, screen = getattr(sys, name), self.filters[name]
+        if screen is not None:
+            data = screen.feed(data)
+            self.shown = self.shown or bool(data)
+        if data:
+            self.at_line_start = data.endswith(b"\n")
+        try:
+            out.buffer.write(data)
+            out.flush()
+        except BrokenPipeError:  # `harombe run x | head`: stop the program, as SIGPIPE would
+            os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())  # nothing more to flush
+            if not self.broken and self._task is not None:
+                self.broken = True
+                self._task.cancel()
+
+    def finish(self) -> None:
+        """End on a new line, with the terminal's colours and modes reset, before harombe
+        speaks (a program cannot leave them hiding or restyling harombe's lines)."""
+        sys.stdout.flush()
+        if self.filters["stderr"] is not None:
+            tail = b"" if self.at_line_start else b"\n"
+            sys.stderr.buffer.write((RESET if self.shown else b"") + tail)
+            sys.stderr.flush()
 
 
 async def run_program(
@@ -166,6 +206,7 @@ async def run_program(
     allowed_domains: Sequence[str],
     profile: str | None,
     gated: bool,
+    output: Output,
 ) -> dict[str, Any]:
     """Run ``code`` in a new sandbox, its output streamed; the ``code_execute`` result. With
     ``gated``, the HITL gate the config describes decides first, asking on the terminal."""
@@ -178,7 +219,7 @@ async def run_program(
         return await tools.code_execute(
             language=language, code=code, timeout=timeout_s, network_enabled=network,
             allowed_domains=list(allowed_domains), fresh=True, profile=profile,
-            on_output=write_output,
+            on_output=output.write,
         )  # fmt: skip
 
 
@@ -215,12 +256,24 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         network = True
 
     async def main() -> int:
+        output = Output()
         try:
             result = await run_program(config, language=chosen, code=code, timeout_s=timeout_s,
                                        network=network, allowed_domains=allowed_domains,
-                                       profile=profile, gated=hitl_requested(loaded))  # fmt: skip
+                                       profile=profile, gated=hitl_requested(loaded),
+                                       output=output)  # fmt: skip
         except HarombeError as exc:  # Docker away, image missing, runtime not registered
             return say_error(NAME, exc)
+        except asyncio.CancelledError:
+            if not output.broken:
+                raise
+            return EXIT_BROKEN_PIPE
+        finally:
+            output.finish()  # before any line of harombe's, also after Ctrl-C
+        for stream in ("stdout", "stderr"):
+            if result.get(f"{stream}_truncated"):
+                say_error(NAME, f"warning: the program's {stream} was cut at "
+                          f"security.sandbox.limits.max_output_bytes")  # fmt: skip
         for warning in result.get("warnings") or ():
             say_error(NAME, f"warning: {warning}")
         message = message_of(result)

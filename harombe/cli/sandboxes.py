@@ -139,12 +139,26 @@ def ls(ctx: click.Context, as_json: bool) -> int:
     return with_docker("harombe ls", work)
 
 
-@click.command(help="Remove sandboxes by id (sandbox-0123456789ab), or every one with --all, "
-               "with their networks. The process that made one sees it as lost.")  # fmt: skip
+def sweep(rows: Sequence[dict[str, Any]], *, force: bool) -> tuple[list[str], list[str]]:
+    """What ``rm --all`` removes and what it keeps: ids of sandboxes whose owner process is
+    gone, and of those whose owner still runs or is unknown (another machine's, unlabelled),
+    which only ``force`` removes too. Rows without a well-formed sandbox id are skipped."""
+    ids = [r["sandbox_id"] for r in rows if SANDBOX_ID.fullmatch(r["sandbox_id"])]
+    live = [r["sandbox_id"] for r in rows if r["owner_alive"] is not False]
+    kept = [] if force else [sid for sid in live if sid in ids]
+    return sorted(set(ids) - set(kept)), sorted(set(kept))
+
+
+@click.command(help="Remove sandboxes by id (sandbox-0123456789ab), or with --all every one "
+               "whose owner process is gone (--all --force: every one), with their networks. "
+               "The process that made one sees it as lost.")  # fmt: skip
 @click.argument("sandbox_ids", nargs=-1, metavar="ID...")
-@click.option("--all", "remove_all", is_flag=True, help="remove every harombe sandbox")
+@click.option("--all", "remove_all", is_flag=True,
+              help="remove every harombe sandbox whose owner process is gone")  # fmt: skip
+@click.option("--force", is_flag=True, help="with --all: also those of running processes "
+              "(a harombe serve's, another shell's) and of unknown owners")  # fmt: skip
 @click.pass_context
-def rm(ctx: click.Context, sandbox_ids: tuple[str, ...], remove_all: bool) -> int:
+def rm(ctx: click.Context, sandbox_ids: tuple[str, ...], remove_all: bool, force: bool) -> int:
     start_command(ctx)
     name = "harombe rm"
     if remove_all == bool(sandbox_ids):
@@ -154,10 +168,17 @@ def rm(ctx: click.Context, sandbox_ids: tuple[str, ...], remove_all: bool) -> in
             return say_error(name, f"{sandbox_id[:80]!r} is not a sandbox id (they look like "
                              "'sandbox-0123456789ab'; see harombe ls)", EXIT_USAGE)  # fmt: skip
 
+    if force and not remove_all:
+        return say_error(name, "--force goes with --all (named sandboxes are removed as "
+                         "they are)", EXIT_USAGE)  # fmt: skip
+
     async def work(docker: DockerBackend) -> int:
-        ids = list(sandbox_ids)
+        ids, kept = list(sandbox_ids), list[str]()
         if remove_all:
-            ids = sorted({r["sandbox_id"] for r in await list_sandboxes(docker)} - {""})
+            ids, kept = sweep(await list_sandboxes(docker), force=force)
+        for sandbox_id in kept:
+            say_error(name, f"kept {sandbox_id}: its owner process still runs or is unknown "
+                      "(harombe ls shows it); rm --all --force removes it too", 0)  # fmt: skip
         unknown = await remove_sandboxes(docker, ids)
         for sandbox_id in ids:
             if sandbox_id not in unknown:

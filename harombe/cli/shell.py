@@ -23,6 +23,7 @@ from harombe.cli.common import (
     EXIT_USAGE,
     Status,
     build_config,
+    ignore_stop_signals,
     run_async,
     say_error,
     start_command,
@@ -101,6 +102,7 @@ async def session(
     finally:
         terminal.close()
     if stopped_by is not None:
+        ignore_stop_signals()  # stopping already: the sandbox is removed next, undisturbed
         return 128 + stopped_by
     status = await exit_status(terminal)
     if status is None:

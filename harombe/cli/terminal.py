@@ -23,7 +23,8 @@ from collections.abc import Iterator, Mapping
 
 import structlog
 
-from harombe.errors import HarombeError
+from harombe.cli.screen import RESET, ShellFilter
+from harombe.errors import HarombeError, UsageError
 from harombe.security.runtime.backend import Terminal
 
 log = structlog.get_logger(__name__)
@@ -136,9 +137,19 @@ async def _send_input(
 
 
 async def _show_output(terminal: Terminal, stdout_fd: int, shown: asyncio.Event) -> None:
-    while (item := await terminal.read()) is not None:
-        _write_all(stdout_fd, item[1])
-        shown.set()
+    """The terminal's bytes to ``stdout_fd``; to a terminal without clipboard writes
+    (:class:`~harombe.cli.screen.ShellFilter`), and its modes reset at the end."""
+    screen = ShellFilter() if os.isatty(stdout_fd) else None
+    try:
+        while (item := await terminal.read()) is not None:
+            _write_all(stdout_fd, screen.feed(item[1]) if screen else item[1])
+            shown.set()
+    except BrokenPipeError:
+        raise UsageError("this shell's output was closed (its reader went away)") from None
+    finally:
+        if screen is not None:
+            with contextlib.suppress(OSError):
+                _write_all(stdout_fd, RESET)
 
 
 async def _forward_sizes(terminal: Terminal, changed: asyncio.Event, fds: tuple[int, ...]) -> None:
@@ -165,6 +176,7 @@ async def relay(terminal: Terminal, *, stdin_fd: int, stdout_fd: int, tty: bool)
         stopped.set()
 
     source = _Input(stdin_fd, loop)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGWINCH, *STOP_SIGNALS)}
     loop.add_signal_handler(signal.SIGWINCH, changed.set)
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop, signum)
@@ -183,6 +195,7 @@ async def relay(terminal: Terminal, *, stdin_fd: int, stdout_fd: int, tty: bool)
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         source.close()
-        for signum in (signal.SIGWINCH, *STOP_SIGNALS):
+        for signum, handler in previous.items():  # the caller's handlers again, not SIG_DFL
             loop.remove_signal_handler(signum)
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
     return got[0] if got else None

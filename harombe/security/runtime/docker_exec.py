@@ -119,14 +119,23 @@ class ExecTerminal(AttachedStdio):
         )  # fmt: skip
 
     async def exit_code(self) -> int | None:
-        """The exec's exit status; ``None`` while its process runs."""
+        """The exec's exit status (0-255); ``None`` while its process runs or before Docker
+        has one. An answer that is not such a status is :class:`DockerUnavailableError`."""
         found = await request(
             self.path, "GET", f"/exec/{quote(self.exec_id)}/json",
             what=f"inspecting exec {self.exec_id[:12]}",
         )  # fmt: skip
         if not isinstance(found, dict) or found.get("Running"):
             return None
-        return int(found.get("ExitCode") or 0)
+        code = found.get("ExitCode")
+        if code is None:  # not started, or not yet reaped: no status to report
+            return None
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code <= 255:
+            raise DockerUnavailableError(
+                f"Docker reported an unreadable exit status {str(code)[:40]!r} for exec "
+                f"{self.exec_id[:12]}"
+            )
+        return code
 
 
 class TerminalExecs:
@@ -162,11 +171,18 @@ class TerminalExecs:
         exec_id = created["Id"]
         start = json.dumps({"Detach": False, "Tty": True, "ConsoleSize": list(size)}).encode()
         try:
-            reader, writer = await upgrade(
-                path, f"/exec/{quote(exec_id)}/start", what=f"the exec {exec_id[:12]}", body=start
-            )
+            async with asyncio.timeout(REQUEST_TIMEOUT_S):
+                reader, writer = await upgrade(
+                    path, f"/exec/{quote(exec_id)}/start", what=f"the exec {exec_id[:12]}",
+                    body=start,
+                )  # fmt: skip
         except HarombeError:
             raise
+        except TimeoutError:
+            raise DockerUnavailableError(
+                f"the Docker daemon at {path} did not start the exec within "
+                f"{REQUEST_TIMEOUT_S:g}s while {what}; {FIX_DAEMON}"
+            ) from None
         except OSError as exc:
             raise _socket_error(path, what, exc) from None
         terminal = ExecTerminal(reader, writer, path=path, exec_id=exec_id)

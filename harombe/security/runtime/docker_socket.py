@@ -55,7 +55,8 @@ async def upgrade(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """POST ``url`` (with JSON ``body``) asking for an upgrade to a raw stream; the open socket
     once Docker switched. A 404 is :class:`SandboxLostError` (``what`` is gone), any other
-    refusal :class:`DockerUnavailableError`; socket errors are raised as they are."""
+    refusal, or an answer cut short or without an end to its header (4 MiB),
+    :class:`DockerUnavailableError`; socket errors are raised as they are."""
     reader, writer = await asyncio.open_unix_connection(path, limit=1 << 22)
     kind = "Content-Type: application/json\r\n" if body else ""
     try:
@@ -66,6 +67,11 @@ async def upgrade(
         )
         await writer.drain()
         head = await reader.readuntil(b"\r\n\r\n")
+    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
+        writer.close()  # the daemon hung up mid-answer, or its header never ended
+        raise DockerUnavailableError(
+            f"Docker gave no readable answer to the upgrade of {what} ({exc!r}); {FIX_DAEMON}"
+        ) from None
     except BaseException:
         writer.close()  # a cancelled or failed upgrade keeps no socket open
         raise
