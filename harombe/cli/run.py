@@ -18,6 +18,7 @@ from harombe.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    Status,
     hitl_requested,
     run_async,
     say_error,
@@ -196,6 +197,28 @@ class Output:
             sys.stderr.flush()
 
 
+async def install_first(
+    manager: Any, tools: Any, *, language: str, network: bool | None,
+    allowed_domains: Sequence[str], packages: Sequence[str],
+) -> str:  # fmt: skip
+    """A new sandbox with ``packages`` installed (from npm for JavaScript, else PyPI), each
+    shown as a step with its seconds; :class:`UsageError` naming the first that fails."""
+    default = manager.config.security.sandbox.network.enabled_by_default
+    box = await manager.create_sandbox(
+        language, network_enabled=default if network is None else network,
+        allowed_domains=tuple(allowed_domains),
+    )  # fmt: skip
+    registry = "npm" if language == "javascript" else "pypi"
+    with Status() as status:
+        for package in packages:
+            status.update(f"installing {package} from {registry}")
+            done = await tools.code_install_package(box.sandbox_id, package, registry)
+            if not done["success"]:
+                raise UsageError(f"--install {package}: {done['error']}")
+            status.echo(f"installed {package} from {registry}", err=True)
+    return str(box.sandbox_id)
+
+
 async def run_program(
     config: HarombeConfig,
     *,
@@ -207,19 +230,28 @@ async def run_program(
     profile: str | None,
     gated: bool,
     output: Output,
+    packages: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run ``code`` in a new sandbox, its output streamed; the ``code_execute`` result. With
-    ``gated``, the HITL gate the config describes decides first, asking on the terminal."""
+    """Run ``code`` in a new sandbox (with ``packages`` installed first), its output
+    streamed; the ``code_execute`` result. With ``gated``, the HITL gate the config describes
+    decides each step first, asking on the terminal."""
     from harombe.security.approval.gate import gate_from_config
     from harombe.tools.code_execution import CodeExecutionTools
 
     async with started_manager(config) as manager:
         gate = gate_from_config(config, approver=ask_on_terminal) if gated else None
         tools = CodeExecutionTools(manager, gate)
+        sandbox_id = None
+        if packages:
+            sandbox_id = await install_first(
+                manager, tools, language=language, network=network,
+                allowed_domains=allowed_domains, packages=packages,
+            )  # fmt: skip
+            network, allowed_domains = None, ()  # the sandbox has them now
         return await tools.code_execute(
-            language=language, code=code, timeout=timeout_s, network_enabled=network,
-            allowed_domains=list(allowed_domains), fresh=True, profile=profile,
-            on_output=output.write,
+            language=language, code=code, sandbox_id=sandbox_id, timeout=timeout_s,
+            network_enabled=network, allowed_domains=list(allowed_domains), fresh=True,
+            profile=profile, on_output=output.write,
         )  # fmt: skip
 
 
@@ -236,12 +268,15 @@ async def run_program(
 @click.option("--allow-domain", "allowed_domains", multiple=True, metavar="NAME",
               help="a host name it may reach (repeatable; implies --network)")
 @click.option("--profile", help="a policy profile to run under (Python), e.g. minimal")
+@click.option("--install", "packages", multiple=True, metavar="PACKAGE",
+              help="install PACKAGE first (repeatable; from npm for JavaScript, else PyPI), "
+              "e.g. --install 'six==1.16.0'")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False),
               help="config file (default $HAROMBE_CONFIG)")
 @click.pass_context
 def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | None,
         memory_mb: int | None, cpus: float | None, network: bool | None,
-        allowed_domains: tuple[str, ...], profile: str | None,
+        allowed_domains: tuple[str, ...], profile: str | None, packages: tuple[str, ...],
         config_path: str | None) -> int:  # fmt: skip
     start_command(ctx)
     try:
@@ -250,6 +285,9 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         loaded = load_config(config_path)
         config = with_limits(loaded, max_memory_mb=memory_mb, max_cpu_cores=cpus,
                              max_execution_time=timeout_s)  # fmt: skip
+        if packages and profile:
+            raise UsageError("--install and --profile cannot be combined: a profile's sandbox "
+                             "takes no installs; drop one of them")  # fmt: skip
     except HarombeError as exc:  # UsageError, ConfigError: how it was asked
         return say_error(NAME, exc, EXIT_USAGE)
     if allowed_domains and network is None:
@@ -261,7 +299,7 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
             result = await run_program(config, language=chosen, code=code, timeout_s=timeout_s,
                                        network=network, allowed_domains=allowed_domains,
                                        profile=profile, gated=hitl_requested(loaded),
-                                       output=output)  # fmt: skip
+                                       output=output, packages=packages)  # fmt: skip
         except HarombeError as exc:  # Docker away, image missing, runtime not registered
             return say_error(NAME, exc)
         except asyncio.CancelledError:

@@ -24,7 +24,7 @@ IMAGE_MIME_TYPES = schemas.IMAGE_MIME_TYPES
 
 #: ``value`` as strict JSON that encodes as UTF-8 (a lone surrogate in a result would fail
 #: the transport's encoding: the response lost, over stdio the server ended).
-_plain = lambda v: v  # TEMP
+_plain = schemas.plain_json
 _is_image = schemas.is_image
 
 

@@ -203,3 +203,23 @@ def test_doctor_fails_without_the_image(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "FAIL  setup      image harombe/no-such-image:0 present" in done.stdout
     assert "FAIL  isolation  isolation self-check" in done.stdout
+
+
+def test_install_shows_progress_then_runs_with_the_package(tmp_path: Path) -> None:
+    """--install installs before the run, says so on stderr, and the program imports it."""
+    program = tmp_path / "uses_toml.py"
+    program.write_text("import toml\nprint(toml.dumps({'a': 1}), end='')\n")
+    done = harombe("run", "--install", "toml==0.10.2", str(program))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "a = 1\n"
+    assert "installing toml==0.10.2 from pypi" in done.stderr
+    assert "installed toml==0.10.2 from pypi" in done.stderr
+
+
+def test_a_failed_install_exits_1_and_runs_nothing(tmp_path: Path) -> None:
+    """An --install the index cannot satisfy exits 1 naming the package; the program never ran."""
+    program = tmp_path / "never.py"
+    program.write_text("print('ran')\n")
+    done = harombe("run", "--install", "toml==0.0.0.404", str(program))
+    assert done.returncode == 1 and done.stdout == ""
+    assert "--install toml==0.0.0.404" in done.stderr and "PackageNotFoundError" in done.stderr
