@@ -168,7 +168,7 @@ def read_file(manager: SandboxManager, gate: HITLGate | None, args: ReadFileArgs
         except UnicodeDecodeError as exc:
             out["error"] = (
                 f"UnicodeDecodeError: {args.file_path} is not UTF-8 text ({exc.reason} at byte "
-                f"{exc.start}); read binary data by encoding it in code_execute"
+                f"{exc.start}); read its bytes with encoding='base64'"
             )
         return {"success": out["error"] is None, **out}
 

@@ -229,3 +229,4 @@ async def test_a_binary_read_round_trips_every_byte(
         "base64", 256, "application/octet-stream")  # fmt: skip
     text = await tools.code_read_file(fresh_sandbox, "all.bin")
     assert text["success"] is False and "UnicodeDecodeError" in text["error"]
+    assert "encoding='base64'" in text["error"]  # the error names the way to read bytes
