@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from harombe.errors import HarombeError, InvalidArgumentError, UnknownToolError
+from harombe.security.runtime.artifacts import utf8_text
 from harombe.security.runtime.channel import OutputCallback
 from harombe.tools.code_execution import CodeExecutionTools
 from harombe.tools.params import TOOL_ARGS, ToolArgs, parse_args
@@ -221,24 +222,16 @@ def plain_json(value: Any) -> Any:
     its string. A result is plain data already; this keeps one stray value (a sandbox's note,
     say) from failing the whole message."""
     if isinstance(value, str):
-        return value if value.isascii() else _utf8_text(value)
+        return value if value.isascii() else utf8_text(value)
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
     if isinstance(value, Mapping):
-        return {_utf8_text(str(k)): plain_json(v) for k, v in value.items()}
+        return {utf8_text(str(k)): plain_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [plain_json(v) for v in value]
     if value is None or isinstance(value, int | float | bool):
         return value
-    return _utf8_text(str(value))
-
-
-def _utf8_text(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return text
+    return utf8_text(str(value))
 
 
 def _without_image_data(result: Mapping[str, Any]) -> dict[str, Any]:
