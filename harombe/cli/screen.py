@@ -28,19 +28,27 @@ MAX_CSI_BYTES = 64
 RESET = b"\x1b\\\x1b[0m\x1b(B\x0f\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l"
 
 
-class PlainText:
+class _Filter:
+    """A byte-at-a-time state machine over a stream: :meth:`feed` returns what may be shown
+    now, holding the bytes of a sequence not yet decided."""
+
+    def feed(self, data: bytes) -> bytes:
+        """The part of ``data`` to show (bytes of an undecided sequence are held)."""
+        out = bytearray()
+        for byte in data:
+            self._step(byte, out)
+        return bytes(out)
+
+    def _step(self, byte: int, out: bytearray) -> None:
+        raise NotImplementedError
+
+
+class PlainText(_Filter):
     """Incremental filter to printable text and colours (see the module docstring)."""
 
     def __init__(self) -> None:
         self._state = "text"  # text, esc, intermediate, csi, string, string_esc, c2
         self._csi = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        """The part of ``data`` safe to show (bytes of an unfinished sequence are held)."""
-        out = bytearray()
-        for byte in data:
-            self._step(byte, out)
-        return bytes(out)
 
     def _step(self, byte: int, out: bytearray) -> None:
         state = self._state
@@ -102,7 +110,7 @@ class PlainText:
             self._text(byte, out)
 
 
-class ShellFilter:
+class ShellFilter(_Filter):
     """Incremental filter of a terminal's output that drops clipboard writes (OSC 52) and
     tmux/screen pass-through strings; everything else passes unchanged."""
 
@@ -112,13 +120,6 @@ class ShellFilter:
     def __init__(self) -> None:
         self._state = "text"  # text, esc, c2, head, pass, drop (+ "_esc" after ESC in a string)
         self._head = bytearray()
-
-    def feed(self, data: bytes) -> bytes:
-        """The part of ``data`` to show (the start of an undecided string is held)."""
-        out = bytearray()
-        for byte in data:
-            self._step(byte, out)
-        return bytes(out)
 
     def _step(self, byte: int, out: bytearray) -> None:
         state = self._state
