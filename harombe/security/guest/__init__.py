@@ -30,6 +30,7 @@ SUPERVISOR_PARTS = (
     "supervisor_paths.py",  # the workspace walk
     "supervisor_files.py",  # read, write, list, untar
     "supervisor_artifacts.py",  # what a call leaves: changed files, images
+    "supervisor_watch.py",  # inotify: the workspace walk only when events cannot tell
     "supervisor_output.py",  # output mode "llm": head, tail, the saved full text
     "supervisor_runs.py",  # fresh-process runs, output capture, the sweep
     "supervisor_workers.py",  # session interpreters

@@ -12,7 +12,9 @@ the ``.harombe`` directory at the top (harombe's own files), and stop after
 :data:`MAX_SCAN_ENTRIES` entries. No user code runs while they do: a call's processes are
 stopped or dead when it reports. The walk after a call is kept as the state before the next
 one, so a call pays for one walk; the supervisor's own writes into the workspace
-(``write``, ``untar``) drop that state, so the next call walks again.
+(``write``, ``untar``) drop that state, so the next call looks again. Under gVisor
+``supervisor_watch.py`` replaces :data:`SCAN`: the same answer from inotify events, so that
+a call pays for what it touched rather than for every file.
 
 Images are PNG bytes the Python worker sends after its reply's held stdout (see
 ``pyworker_artifacts.py``): ``artifacts`` in the reply lists ``[source, size]`` per image, in order.
@@ -36,6 +38,9 @@ MAX_IMAGE_NOTES = 8
 MAX_NOTE_CHARS = 300
 #: The walk after the last call: (files, cut), or None when it must be walked again.
 LAST_SCAN = [None]
+#: How the workspace is looked at: the walk, unless a later part installs something cheaper
+#: with the same answer (``supervisor_watch.py``).
+SCAN = [None]
 
 
 def scan_workspace(root=WORKSPACE_ROOT, cap=MAX_SCAN_ENTRIES):
@@ -76,12 +81,15 @@ def scan_as_user():
         return scan_workspace()
 
 
+SCAN[0] = scan_as_user
+
+
 def begin_call():
     """What :func:`end_call` compares against: the workspace before the call, and when the
     call started. Free when the last call's walk is still valid."""
     started_ns = time.time_ns()
     try:
-        before = LAST_SCAN[0] or scan_as_user()
+        before = LAST_SCAN[0] or SCAN[0]()
     except Exception:  # never fail a run over its file list
         before = None
     return before, started_ns
@@ -127,7 +135,7 @@ def end_call(run, msg):
     before, started_ns = run.call_begun
     LAST_SCAN[0] = None
     try:
-        after = scan_as_user()
+        after = SCAN[0]()
     except Exception as exc:
         after = None
         warnings.append("the files the call changed could not be listed: %r" % (exc,))

@@ -216,6 +216,7 @@ class Supervised:
             self.kill_now()
         if now >= self.next_mem_check:
             self.next_mem_check = now + POLL_S
+            drain_watch()  # supervisor_watch.py: keeps inotify's queue short
             rss = self.memory_probe()
             self.peak_rss = max(self.peak_rss, rss)
             if rss > self.max_rss and self.status is None:
