@@ -26,8 +26,8 @@ GRACE_S = 60
 
 HELP = """\
 Serve harombe over HTTP: the fips sidecar contract (GET /healthz, GET /profile,
-POST /execute), the REST API under /v1 (see /docs and /openapi.json) and the
-approvals page at /approvals.
+POST /execute), the REST API under /v1 (see /docs and /openapi.json), MCP over
+streamable HTTP at /mcp, and the approvals page at /approvals.
 
 Binding: 127.0.0.1:8000 by default. Without tokens in service.tokens the service
 answers this machine only, and refuses to bind any other address.

@@ -17,6 +17,7 @@ def test_help_explains_binding_and_auth() -> None:
     out = harombe("serve", "--help").stdout
     assert "127.0.0.1:8000" in out and "Authorization: Bearer" in out
     assert "service.tokens" in out and "approver" in out
+    assert "/mcp" in out and "/v1" in out
 
 
 def test_a_non_loopback_bind_without_tokens_is_refused() -> None:
