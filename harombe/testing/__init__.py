@@ -15,6 +15,8 @@
   protocol, keeps workspace files in a dict, and computes each run's :class:`RunOutcome` with a
   handler you can replace (the default, :func:`echo_handler`, understands ``print(<literal>)``,
   ``exit(<n>)``, ``echo`` and a few more; :func:`code_of` gives a handler the code it was sent).
+* :class:`FakeTerminal` — the pseudo-terminal :meth:`FakeDocker.exec_interactive` hands out
+  (what ``harombe shell`` talks to): it echoes lines, records resizes, ends on ``exit N``.
 
 What the fakes do not do: run code, enforce limits other than the timeout and the output cap,
 or give network-enabled sandboxes a network (those need the host's firewall: test them against
@@ -53,10 +55,12 @@ from harombe.security.approval.gate import ApprovalRequest, ApprovalResponse
 from harombe.testing.docker import FakeContainer, FakeDocker, FakeNetwork, FakeStdio
 from harombe.testing.echo import RunHandler, RunOutcome, code_of, echo_handler, language_of
 from harombe.testing.guest import FakeGuest
+from harombe.testing.terminal import FakeTerminal
 
 __all__ = [
-    "HANG", "FakeContainer", "FakeDocker", "FakeGuest", "FakeNetwork", "FakeStdio", "RunHandler",
-    "RunOutcome", "ScriptedApprover", "capture_events", "code_of", "echo_handler", "language_of",
+    "HANG", "FakeContainer", "FakeDocker", "FakeGuest", "FakeNetwork", "FakeStdio",
+    "FakeTerminal", "RunHandler", "RunOutcome", "ScriptedApprover", "capture_events", "code_of",
+    "echo_handler", "language_of",
 ]  # fmt: skip
 
 #: A scripted answer that never comes: the gate's timeout decides.
