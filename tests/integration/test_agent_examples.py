@@ -50,7 +50,7 @@ class ScriptedOpenAI:
             )
             message = NS(content=None, tool_calls=[call])
         elif last["role"] == "tool" and "result" in json.loads(last["content"]):
-            sid = json.loads(last["content"])["sandbox_id"]
+            sid = self.sid = json.loads(last["content"])["sandbox_id"]
             result = json.loads(last["content"])["result"]
             self.answer = f"It is {result}."
             call = NS(
@@ -81,6 +81,7 @@ class ScriptedAnthropic:
         answer = json.loads(last["content"][0]["content"][0]["text"])
         if answer.get("result"):
             self.answer = f"It is {answer['result']}."
+            self.sid = answer["sandbox_id"]
             use = NS(type="tool_use", id="toolu_2", name="code_destroy_sandbox",
                      input={"sandbox_id": answer["sandbox_id"]})  # fmt: skip
             return NS(content=[use], stop_reason="tool_use")
@@ -94,7 +95,8 @@ async def test_the_openai_example_loop_answers(tools: CodeExecutionTools) -> Non
     assert answer == "It is 832040."
     assert len(client.requests) == 3
     assert len(client.requests[0]["tools"]) == 6
-    assert not tools.sandbox_manager.sandboxes
+    assert client.sid.startswith("sandbox-")  # its sandbox is gone; others may live on
+    assert client.sid not in tools.sandbox_manager.sandboxes
 
 
 async def test_the_anthropic_example_loop_answers(tools: CodeExecutionTools) -> None:
@@ -104,7 +106,8 @@ async def test_the_anthropic_example_loop_answers(tools: CodeExecutionTools) -> 
     assert answer == "It is 832040."
     assert len(client.requests) == 3
     assert client.requests[0]["tools"][0]["name"] == "code_execute"
-    assert not tools.sandbox_manager.sandboxes
+    assert client.sid.startswith("sandbox-")  # its sandbox is gone; others may live on
+    assert client.sid not in tools.sandbox_manager.sandboxes
 
 
 async def test_a_loop_that_never_ends_is_stopped(tools: CodeExecutionTools) -> None:
