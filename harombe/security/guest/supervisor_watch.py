@@ -79,8 +79,10 @@ class Watch:
         self.file_wd, self.wd_files = {}, {}  # file rel -> wd, wd -> {file rels}
         self.always = set()  # files that could not be watched: looked at on every scan
         self.dirty = set()  # (rel, is_dir) named by events since the last scan
+        self.noted = set()  # the files' wds whose paths are in dirty
         self.events = 0
         self.broken = False
+        self.fresh = set()  # directories read during this update
 
     def drain(self):
         """Read the queued events into :attr:`dirty`; give up (closing the descriptor, which
@@ -91,13 +93,14 @@ class Watch:
             except BlockingIOError:
                 return
             at = 0
-            while at < len(buf):
+            while at < len(buf) and not self.broken:  # one event names every link of a file
                 wd, mask, _, size = EVENT.unpack_from(buf, at)
-                name = os.fsdecode(buf[at + 16 : at + 16 + size].split(b"\0", 1)[0])
+                name = os.fsdecode(buf[at + 16 : at + 16 + size].split(b"\0", 1)[0]) if size else ""
                 at += 16 + size
                 self.note(wd, mask, name)
+                self.broken = self.broken or len(self.dirty) > MAX_DIRTY
             self.events += len(buf) // 16
-            if self.events > MAX_EVENTS or len(self.dirty) > MAX_DIRTY or not buf:
+            if self.events > MAX_EVENTS or not buf:
                 self.broken = True
         if self.broken and self.fd is not None:
             os.close(self.fd)
@@ -116,8 +119,9 @@ class Watch:
             if mask & IN_IGNORED and self.dir_wd.get(self.wd_dir.pop(wd)) == wd:
                 del self.dir_wd[rel]
         elif wd in self.wd_files:
-            for rel in self.wd_files[wd]:
-                self.dirty.add((rel, False))
+            if wd not in self.noted:  # once: an event names every link of the file
+                self.noted.add(wd)
+                self.dirty.update((rel, False) for rel in self.wd_files[wd])
             if mask & IN_IGNORED:
                 for rel in self.wd_files.pop(wd):
                     if self.file_wd.get(rel) == wd:
@@ -157,6 +161,7 @@ class Watch:
             files, cut = scan_workspace(self.root, self.cap)
             self.plain = cut
             return files, cut
+        self.fresh = set()
         return dict(self.files), False
 
     def walk_from(self, start, budget):
@@ -178,6 +183,7 @@ class Watch:
                 entries.close()
                 raise Untrusted()
             names = self.dirs[rel] = {}
+            self.fresh.add(rel)  # read now: what is below it needs no other look
             with entries:
                 for entry in entries:
                     self.entries += 1
@@ -212,12 +218,16 @@ class Watch:
             wd = self.add_watch(rel, DIR_MASK)
         except OSError:
             return False
+        old = self.wd_dir.get(wd)  # the same directory under its old name (a rename)
+        if old is not None and self.dir_wd.get(old) == wd:
+            del self.dir_wd[old]
         self.dir_wd[rel], self.wd_dir[wd] = wd, rel
         return True
 
     def unwatch_dir(self, rel):
+        """Drop ``rel``'s watch, unless its directory is now watched under another name."""
         wd = self.dir_wd.pop(rel, None)
-        if wd is not None:
+        if wd is not None and self.wd_dir.get(wd) == rel:
             del self.wd_dir[wd]
             self.libc.inotify_rm_watch(self.fd, wd)
 
@@ -250,17 +260,18 @@ class Watch:
         """Look again at what the events named, shallow paths first; a directory's subtree is
         read afresh. Raises :class:`Untrusted` when only a walk can answer."""
         dirty = self.dirty | {(rel, False) for rel in self.always}
-        self.dirty, self.events = set(), 0
-        redone = set()
+        self.dirty, self.noted, self.events = set(), set(), 0
+        redone, self.fresh = set(), set()
         for rel, is_dir in sorted(dirty, key=lambda item: (item[0].count("/"), item)):
             parent, _, name = rel.rpartition("/")
-            if parent not in self.dirs or any(p in redone for p in lineage(rel)):
+            if parent not in self.dirs or parent in self.fresh or rel in redone:
                 continue  # below a directory read afresh, dropped, or never read
             if is_dir or self.dirs[parent].get(name) == "d":
                 self.redo(parent, name, rel)
                 redone.add(rel)
             else:
                 self.restat(parent, name, rel, redone)
+        self.fresh = set()
         if self.entries > self.cap:
             raise Untrusted()
 
@@ -331,12 +342,6 @@ class Watch:
                 else:
                     self.files.pop(sub, None)
                     self.unwatch_file(sub)
-
-
-def lineage(rel):
-    """``a``, ``a/b``, ``a/b/c`` for ``a/b/c``."""
-    parts = rel.split("/")
-    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 #: The supervisor's watch, made at the first scan after ``ctypes`` is loaded.
