@@ -3,9 +3,10 @@
 A test that uses ``docker_manager`` (directly or through another fixture) is marked
 ``integration``; everything else must run without Docker (``scripts/test.sh --unit``)."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
+import structlog
 
 from harombe.security.docker_manager import DockerManager
 from harombe.security.sandbox_manager import SandboxManager
@@ -23,6 +24,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             )
         if uses_docker or "tests/integration" in str(item.fspath):
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _keep_the_log_configuration() -> Iterator[None]:
+    """A test that runs a CLI command in-process configures logging for the process (quiet
+    unless -v); later tests read harombe's events, so each test's configuration is undone."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")

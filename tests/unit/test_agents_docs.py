@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from harombe.cli import COMMANDS, main
 from harombe.cli.common import hitl_requested
@@ -28,13 +26,6 @@ from tests.unit.fake_manager import container_of, running
 
 ROOT = Path(__file__).resolve().parents[2]
 
-
-@pytest.fixture(autouse=True)
-def _keep_the_log_configuration() -> Iterator[None]:
-    """A CLI command configures logging for the process; put the configuration back."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 def _audit(events: list[Any]) -> list[tuple[str, Any, Any, Any]]:

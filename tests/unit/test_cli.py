@@ -9,12 +9,11 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 
 from harombe.cli import COMMANDS, main
 from harombe.cli import doctor as doctor_module
@@ -27,15 +26,6 @@ from harombe.errors import UsageError
 from harombe.security.runtime.backend import ContainerInfo
 from harombe.security.runtime.sandbox import LABEL_MANAGED, LABEL_SANDBOX, process_owner
 from harombe.testing import FakeDocker
-
-
-@pytest.fixture(autouse=True)
-def _keep_the_log_configuration() -> Iterator[None]:
-    """Each command configures logging for the process (quiet unless -v); other tests read
-    harombe's events, so the configuration before each test comes back after it."""
-    saved = structlog.get_config()
-    yield
-    structlog.configure(**saved)
 
 
 def call(
