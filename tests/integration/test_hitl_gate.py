@@ -15,9 +15,11 @@ from harombe.tools.code_execution import CodeExecutionTools
 
 
 async def managed_ids(docker_manager: DockerManager, manager: SandboxManager) -> set[str]:
-    """Every harombe container, once the warm pool has stopped refilling."""
+    """Every container of ``manager``, once its warm pool has stopped refilling (other
+    processes' sandboxes, such as a CLI test's still being removed, are not its doing)."""
     await manager.wait_pool_settled()
-    return {c.id for c in await docker_manager.list_containers({"harombe.managed": "1"})}
+    mine = {"harombe.managed": "1", "harombe.manager": manager.manager_id}
+    return {c.id for c in await docker_manager.list_containers(mine)}
 
 
 def gated(sandbox_manager: SandboxManager, gate: HITLGate) -> CodeExecutionTools:
