@@ -599,8 +599,12 @@ def small_tar(members: dict[str, bytes | tuple[str, str]], mode: int = 0o644) ->
     return buf.getvalue()
 
 
-async def sh(tools: CodeExecutionTools, sid: str, code: str) -> dict[str, Any]:
-    result: dict[str, Any] = await tools.code_execute(language="shell", code=code, sandbox_id=sid)
+async def sh(
+    tools: CodeExecutionTools, sid: str, code: str, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    result: dict[str, Any] = await tools.code_execute(
+        language="shell", code=code, sandbox_id=sid, timeout=timeout_s
+    )
     return result
 
 
@@ -675,7 +679,7 @@ async def test_untar_racing_a_symlink_swap(
     flipper = asyncio.ensure_future(sh(tools, box, (
         "cd $HOME/race && for i in $(seq 60); do mkdir pkg; mv -T pkg d; "
         "ln -sT /tmp/race/inner pkg; rm -f pkg; rm -rf d; done >/dev/null 2>&1; echo flipped"
-    )))  # fmt: skip
+    ), timeout_s=300))  # fmt: skip  (unpacks compete with it: on a busy machine it takes 30 s)
     archive = small_tar({"pkg/index.js": b"x", "pkg/v": b"pwned"})
     sandbox = sandbox_manager.get(box)
     unpacked = 0
