@@ -143,25 +143,24 @@ def test_the_watch_answers_as_the_walk_does(tmp_path: Path, ops: list[Op], trust
     watch.reset()
 
 
-def test_too_many_events_fall_back_to_the_walk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("cap", "value", "command"),
+    [
+        ("MAX_EVENTS", 50, "for i in $(seq 1 40); do echo $i > f$i; done"),
+        ("MAX_DIRTY", 5, "for i in $(seq 1 20); do : > f$i; done"),
+    ],
+    ids=["too-many-events", "too-many-paths"],
+)
+def test_past_a_cap_the_walk_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: str, value: int, command: str
 ) -> None:
-    """Past MAX_EVENTS the queue is dropped (its descriptor closed) and the walk answers."""
-    monkeypatch.setitem(SUPERVISOR.__dict__, "MAX_EVENTS", 50)
-    watch = run_case(tmp_path, [sh("for i in $(seq 1 40); do echo $i > f$i; done")])
+    """Past MAX_EVENTS (the queue is dropped, its descriptor closed) or MAX_DIRTY paths named
+    since the last scan, the walk answers, and the watch it rebuilds works."""
+    monkeypatch.setitem(SUPERVISOR.__dict__, cap, value)
+    watch = run_case(tmp_path, [sh(command)])
     assert watch.walks == 2
     watch.drain()  # a watch rebuilt by the walk, whose queue is empty
     assert (watch.broken, watch.fd is not None) == (False, True)
-    watch.reset()
-
-
-def test_too_many_paths_fall_back_to_the_walk(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Past MAX_DIRTY paths named since the last scan, the walk answers."""
-    monkeypatch.setitem(SUPERVISOR.__dict__, "MAX_DIRTY", 5)
-    watch = run_case(tmp_path, [sh("for i in $(seq 1 20); do : > f$i; done")])
-    assert watch.walks == 2
     watch.reset()
 
 
