@@ -23,8 +23,8 @@ import time
 import zlib
 
 import structlog
+from bench_density import config as pool_off_config  # bench/ is the script's directory
 
-from harombe.config import load_config, parse_config
 from harombe.security.docker_manager import DockerManager
 from harombe.security.guest import HERE, SUPERVISOR_SOURCE
 from harombe.security.runtime import sandbox as sandbox_module
@@ -79,9 +79,7 @@ async def main(runs: int) -> None:
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     docker_manager = DockerManager()
     await docker_manager.start()
-    data = load_config(environ={}).model_dump()
-    data["security"]["sandbox"]["pool"]["size"] = 0
-    manager = SandboxManager(docker_manager, config=parse_config(data))
+    manager = SandboxManager(docker_manager, config=pool_off_config())
     await manager.start()
     shipped = sandbox_module.SUPERVISOR_BOOT
     try:

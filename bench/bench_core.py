@@ -17,8 +17,8 @@ import subprocess
 import time
 
 import structlog
+from bench_density import config as pool_off_config  # bench/ is the script's directory
 
-from harombe.config import load_config, parse_config
 from harombe.security.docker_manager import DockerManager
 from harombe.security.sandbox_manager import SandboxManager
 
@@ -49,9 +49,7 @@ async def main(runs: int) -> None:
     docker_manager = DockerManager()
     await docker_manager.start()
     # Pool off: this measures a cold start (bench_speed.py measures the pool).
-    data = load_config(environ={}).model_dump()
-    data["security"]["sandbox"]["pool"]["size"] = 0
-    manager = SandboxManager(docker_manager, config=parse_config(data))
+    manager = SandboxManager(docker_manager, config=pool_off_config())
     await manager.start()
     image = manager.sandbox_config.image_for("python")
     create, raw_run, files = [], [], []
