@@ -153,6 +153,8 @@ def test_ls_and_rm_reach_another_process_sandbox(tmp_path: Path) -> None:
     path.write_text("import time\nprint('up', flush=True)\ntime.sleep(300)\n")
     process = start("run", str(path))
     try:
+        assert process.stdout is not None
+        assert process.stdout.readline() == "up\n"  # the program runs: its sandbox is started
         sandbox = sandbox_of(process.pid)
         assert sandbox["owner_alive"] is True and sandbox["state"] == "running"
         table = harombe("ls")
