@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
@@ -24,11 +24,13 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StringConstraints,
     ValidationError,
     field_validator,
     model_validator,
 )
 
+from harombe.config_environments import ENVIRONMENT_NAME, EnvironmentConfig, InstallCacheConfig
 from harombe.config_service import ServiceConfig
 from harombe.errors import ConfigError
 
@@ -200,6 +202,9 @@ class SandboxConfig(_Strict):
     limits: Limits = Field(default_factory=Limits)  # type: ignore[arg-type]
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     languages: dict[Language, LanguageConfig] = Field(default_factory=_default_languages)
+    install_cache: InstallCacheConfig = Field(default_factory=InstallCacheConfig)  # type: ignore[arg-type]
+    environments: dict[Annotated[str, StringConstraints(pattern=ENVIRONMENT_NAME)],
+                       EnvironmentConfig] = Field(default_factory=dict)  # fmt: skip
 
     @field_validator("user")
     @classmethod

@@ -14,7 +14,8 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      ├── UsageError                    misuse of the API: manager not started, unknown language
      │    ├── InvalidArgumentError     a tool argument of the wrong type, size or form
      │    ├── UnknownToolError         a tool call names no harombe tool (dispatch, MCP)
-     │    └── FileError                a file operation failed in the sandbox: missing, not a dir
+     │    ├── FileError                a file operation failed in the sandbox: missing, not a dir
+     │    └── MountError               a host directory for /mnt: a link in it, over a limit
      ├── InfrastructureError           the machine is not ready or broke underneath us
      │    ├── DockerUnavailableError   daemon unreachable, or a Docker call failed
      │    ├── RuntimeNotAvailableError runsc (or the chosen runtime) is not registered with Docker
@@ -22,10 +23,18 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      │    ├── ImageNotFoundError       the sandbox image is not present locally
      │    ├── BuildError               the sandbox image could not be built
      │    ├── SandboxStartError        the container started but its supervisor never answered
+     │    │    └── SandboxStartupError  a ``@sandbox`` call got no sandbox (Docker, runtime,
+     │    │                             image or manager not usable; the cause is chained)
      │    ├── SandboxLostError         the sandbox died (killed, out of memory, supervisor gone)
      │    ├── LimitNotAppliedError     a limit could not be set on a running sandbox's cgroup
      │    └── PackageFetchError        the host could not download a package for installation
      │         └── PackageNotFoundError  the index answered, and has no installable version
+     ├── SandboxExecutionError         a ``@sandbox`` function raised in its sandbox, or died there
+     │    └── SandboxTimeoutError      … or ran past its ``timeout_sec`` (also a TimeoutError)
+     ├── SerializationError            a ``@sandbox`` function, its arguments or its return value
+     │                                 cannot cross: unpicklable, over the size cap, a type the
+     │                                 host will not unpickle, another Python version inside
+     ├── DependencyInstallError        a ``@sandbox`` dependency is malformed or did not install
      ├── SandboxNotFoundError          unknown, destroyed or malformed sandbox id
      └── PolicyError                   refused on purpose; nothing was touched
           ├── WorkspacePathError       path escapes /workspace (.., absolute, symlink out)
@@ -74,6 +83,11 @@ class FileError(UsageError):
     """A file operation inside the sandbox failed: no such file, not a directory, too large…"""
 
 
+class MountError(UsageError):
+    """A run with a host directory cannot copy it in or its changes back (a link or special
+    file in it, over a size limit, the directory replaced during the run)."""
+
+
 class InfrastructureError(HarombeError):
     """Docker, gVisor or a sandbox is not in a usable state."""
 
@@ -102,6 +116,12 @@ class SandboxStartError(InfrastructureError):
     """A sandbox container was created but did not come up."""
 
 
+class SandboxStartupError(SandboxStartError):
+    """A ``@sandbox`` call could not get a sandbox: Docker, the runtime, the image or the
+    manager is not usable. A :class:`SandboxStartError` (catching that catches this too); the
+    harombe error that caused it is chained as ``__cause__``."""
+
+
 class SandboxLostError(InfrastructureError):
     """A sandbox died underneath a call; its state is gone."""
 
@@ -117,6 +137,32 @@ class PackageFetchError(InfrastructureError):
 class PackageNotFoundError(PackageFetchError):
     """The package index was reached and has no version of the package that fits the request
     and the sandbox: the request, not the index, needs changing."""
+
+
+class SandboxExecutionError(HarombeError):
+    """A ``@sandbox`` function raised inside its sandbox (or the sandbox ended it: out of
+    memory, its process gone). ``str(err)`` is ``"{type}: {message}\n{traceback}"``;
+    ``error_type`` is the remote exception's class name (``"MemoryError"`` when the sandbox's
+    memory limit ended the call) and ``traceback_str`` the remote traceback as text."""
+
+    def __init__(self, message: str, *, error_type: str = "", traceback_str: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+        self.traceback_str = traceback_str
+
+
+class SandboxTimeoutError(SandboxExecutionError, TimeoutError):
+    """A ``@sandbox`` function ran past its ``timeout_sec`` and was stopped."""
+
+
+class SerializationError(HarombeError):
+    """A ``@sandbox`` call's function, arguments or return value could not cross into or out
+    of the sandbox; the message names the value's type and what to do instead."""
+
+
+class DependencyInstallError(HarombeError):
+    """A ``@sandbox`` dependency is not a plain pip requirement, or did not install; the
+    message names the package."""
 
 
 class SandboxNotFoundError(HarombeError, KeyError):

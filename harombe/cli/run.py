@@ -26,6 +26,7 @@ from harombe.cli.common import (
     started_manager,
     with_limits,
 )
+from harombe.cli.run_mnt import check_mnt, mnt_report, run_mounted
 from harombe.cli.screen import RESET, PlainText
 from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import HarombeError, UsageError
@@ -145,6 +146,7 @@ async def ask_on_terminal(request: Any) -> Any:
             yes = click.confirm("Run it?", default=False, err=True)
         except (click.Abort, EOFError):
             yes = False
+
         def give() -> None:
             if not answer.done():
                 answer.set_result(yes)
@@ -258,26 +260,59 @@ async def run_program(
 @click.command(help=HELP)
 @click.argument("file", metavar="FILE|-")
 @click.option("-l", "--language", type=click.Choice(LANGUAGES), help="the program's language")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True),
-              metavar="SECONDS", help="kill it after this long (default: max_execution_time)")
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="kill it after this long (default: max_execution_time)",
+)
 @click.option("--memory-mb", type=click.IntRange(min=32), help="memory limit, MiB")
-@click.option("--cpus", type=click.FloatRange(min=0, min_open=True, max=64),
-              help="CPU cores it may use (e.g. 0.5)")
-@click.option("--network/--no-network", default=None,
-              help="give it network access, limited to --allow-domain names")
-@click.option("--allow-domain", "allowed_domains", multiple=True, metavar="NAME",
-              help="a host name it may reach (repeatable; implies --network)")
+@click.option(
+    "--cpus",
+    type=click.FloatRange(min=0, min_open=True, max=64),
+    help="CPU cores it may use (e.g. 0.5)",
+)
+@click.option(
+    "--network/--no-network",
+    default=None,
+    help="give it network access, limited to --allow-domain names",
+)
+@click.option(
+    "--allow-domain",
+    "allowed_domains",
+    multiple=True,
+    metavar="NAME",
+    help="a host name it may reach (repeatable; implies --network)",
+)
 @click.option("--profile", help="a policy profile to run under (Python), e.g. minimal")
-@click.option("--install", "packages", multiple=True, metavar="PACKAGE",
-              help="install PACKAGE first (repeatable; from npm for JavaScript, else PyPI), "
-              "e.g. --install 'six==1.16.0'")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="config file (default $HAROMBE_CONFIG)")
+@click.option(
+    "--install",
+    "packages",
+    multiple=True,
+    metavar="PACKAGE",
+    help="install PACKAGE first (repeatable; from npm for JavaScript, else PyPI), "
+    "e.g. --install 'six==1.16.0'",
+)
+@click.option(
+    "--mnt",
+    "mnt_dir",
+    type=click.Path(exists=True, file_okay=False),
+    metavar="DIR",
+    help="copy DIR into the sandbox at /mnt (its working directory), "
+    "and what the program changed there back into DIR",
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="config file (default $HAROMBE_CONFIG)",
+)
 @click.pass_context
 def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | None,
         memory_mb: int | None, cpus: float | None, network: bool | None,
         allowed_domains: tuple[str, ...], profile: str | None, packages: tuple[str, ...],
-        config_path: str | None) -> int:  # fmt: skip
+        mnt_dir: str | None, config_path: str | None) -> int:  # fmt: skip
     start_command(ctx)
     try:
         chosen = detect_language(file, language)
@@ -288,6 +323,8 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         if packages and profile:
             raise UsageError("--install and --profile cannot be combined: a profile's sandbox "
                              "takes no installs; drop one of them")  # fmt: skip
+        if mnt_dir is not None:
+            check_mnt(packages=packages, profile=profile, gated=hitl_requested(loaded))
     except HarombeError as exc:  # UsageError, ConfigError: how it was asked
         return say_error(NAME, exc, EXIT_USAGE)
     if allowed_domains and network is None:
@@ -296,10 +333,17 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
     async def main() -> int:
         output = Output()
         try:
-            result = await run_program(config, language=chosen, code=code, timeout_s=timeout_s,
-                                       network=network, allowed_domains=allowed_domains,
-                                       profile=profile, gated=hitl_requested(loaded),
-                                       output=output, packages=packages)  # fmt: skip
+            if mnt_dir is not None:
+                result = await run_mounted(config, mnt_dir=mnt_dir, language=chosen, code=code,
+                                           timeout_s=timeout_s, network=network,
+                                           allowed_domains=allowed_domains,
+                                           on_output=output.write)  # fmt: skip
+            else:
+                result = await run_program(config, language=chosen, code=code,
+                                           timeout_s=timeout_s, network=network,
+                                           allowed_domains=allowed_domains, profile=profile,
+                                           gated=hitl_requested(loaded), output=output,
+                                           packages=packages)  # fmt: skip
         except HarombeError as exc:  # Docker away, image missing, runtime not registered
             return say_error(NAME, exc)
         except asyncio.CancelledError:
@@ -314,6 +358,8 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
                           f"security.sandbox.limits.max_output_bytes")  # fmt: skip
         for warning in result.get("warnings") or ():
             say_error(NAME, f"warning: {warning}")
+        for line in mnt_report(result):
+            say_error(NAME, line)
         message = message_of(result)
         if message:
             say_error(NAME, message)

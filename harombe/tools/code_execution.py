@@ -215,6 +215,7 @@ class CodeExecutionTools:
         fresh: bool = False,
         profile: str | None = None,
         output_mode: str | None = None,
+        environment: str | None = None,
         on_output: OutputCallback | None = None,
     ) -> dict[str, Any]:
         """Run ``code`` in ``sandbox_id`` (or a new sandbox); see the usage guide's result.
@@ -230,6 +231,7 @@ class CodeExecutionTools:
         code comes back with ``violations``, and the sandbox runs under the profile's runtime
         layer for life. ``output_mode="llm"`` returns a long stream as head, marker and tail,
         the full text saved in the sandbox (``output_files``); left out, the config's default.
+        ``environment`` names a configured dependency environment for a new Python sandbox.
         """
         raw = {
             "language": language,
@@ -241,6 +243,7 @@ class CodeExecutionTools:
             "fresh": fresh,
             "profile": profile,
             "output_mode": output_mode,
+            "environment": environment,
         }
 
         def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Awaitable[Plan]:

@@ -38,6 +38,7 @@ file paths         :func:`harombe.security.policy.paths.workspace_relative`: the
 ``profile``        ``None`` or a profile name: 1 to 64 of ``a-z 0-9 _ . -``, starting with a
                    letter or digit (whether the profile exists is checked when the call is
                    planned, against the loaded profiles).
+``environment``    ``None`` or an environment name, read as ``profile`` is (checked when planned).
 ``output_mode``    ``None`` (the config's ``security.sandbox.output_mode``), ``"full"`` or
                    ``"llm"``, exactly: ``"LLM"``, ``1`` and ``True`` are refused.
 ``encoding``       ``code_read_file``'s: ``"utf-8"`` (the default) or ``"base64"``, exactly.
@@ -83,16 +84,24 @@ FilePath = Annotated[str, BeforeValidator(readers.file_path)]
 DirPath = Annotated[str, BeforeValidator(readers.dir_path)]
 
 
-def _profile(value: object) -> str | None:
-    """``code_execute``'s ``profile``: ``None`` or a well-formed profile name (plain ``str``)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not PROFILE_NAME.fullmatch(str.__str__(value)):
-        raise refuse(
-            f"profile must be a profile's name such as 'minimal' or 'data-science' (lower-case "
-            f"letters, digits, '_', '.', '-'; at most 64), got {describe(value)}"
-        )
-    return str.__str__(value)
+def _name(what: str, example: str) -> Any:
+    """A reader of an optional name parameter: ``None`` or a well-formed name (plain ``str``)."""
+
+    def read(value: object) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not PROFILE_NAME.fullmatch(str.__str__(value)):
+            raise refuse(
+                f"{what} must be {example} (lower-case letters, digits, '_', '.', '-'; at most "
+                f"64), got {describe(value)}"
+            )
+        return str.__str__(value)
+
+    return read
+
+
+_profile = _name("profile", "a profile's name such as 'minimal' or 'data-science'")
+_environment = _name("environment", "a configured dependency environment's name such as 'data'")
 
 
 def _output_mode(value: object) -> str | None:
@@ -207,6 +216,13 @@ class CodeExecuteArgs(ToolArgs):
         "'.harombe/output/call-3.stdout', also listed in the result's `output_files`; read "
         "that file with code_read_file or page it with `sed -n`). Leave it out for the "
         "configured default (security.sandbox.output_mode, 'full' unless changed).",
+    )
+
+    environment: Annotated[str | None, BeforeValidator(_environment)] = Field(
+        None,
+        description="A dependency environment the operator configured, e.g. 'data': a new "
+        "Python sandbox starts with its packages installed (and some already imported). Only "
+        "for a new sandbox (leave sandbox_id out). Leave it out for a plain sandbox.",
     )
 
     @model_validator(mode="after")

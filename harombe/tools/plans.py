@@ -70,6 +70,7 @@ async def execute(
         _check_network_matches(args, box.sandbox_id, box.network_enabled, box.allowed_domains)
         # The sandbox's own network decides the risk, whatever this call repeats.
         network, domains = box.network_enabled, list(box.allowed_domains)
+    _check_environment(manager, args)
     profile, timeout_s, warnings = await _profiled(manager, args, box, profiles)
     params = {
         "language": args.language,
@@ -81,6 +82,7 @@ async def execute(
         "allowed_domains": list(domains),
         "fresh": args.fresh,
         "profile": profile.name if profile is not None else None,
+        **({"environment": args.environment} if args.environment is not None else {}),
     }
 
     async def run(decision: ApprovalDecision | None) -> dict[str, Any]:
@@ -88,7 +90,7 @@ async def execute(
         if sid is None:
             created = await manager.create_sandbox(
                 args.language, network_enabled=network, allowed_domains=list(domains),
-                profile=profile,
+                profile=profile, environment=args.environment,
             )  # fmt: skip
             sid = created.sandbox_id
             if decision is not None and gate is not None:
@@ -110,6 +112,22 @@ async def execute(
         return result.to_dict()
 
     return Plan(params, {"sandbox_id": args.sandbox_id}, run)
+
+
+def _check_environment(manager: SandboxManager, args: CodeExecuteArgs) -> None:
+    """An environment is for a new Python sandbox, and must be one the manager knows."""
+    if args.environment is None:
+        return
+    if args.sandbox_id is not None:
+        raise InvalidArgumentError(
+            "environment applies to a new sandbox; leave it out when giving sandbox_id (the "
+            "sandbox keeps the packages it was created with)"
+        )
+    if args.language != "python":
+        raise InvalidArgumentError(
+            f"environment holds Python packages; use language 'python', not {args.language!r}"
+        )
+    manager.environments.requirements_of(str(args.environment))  # UsageError naming the known
 
 
 def install_package(

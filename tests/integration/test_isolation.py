@@ -15,7 +15,8 @@ from harombe.tools.code_execution import CodeExecutionTools
 async def test_container_is_configured_with_every_default(
     sandbox_manager: SandboxManager, sandbox_id: str
 ) -> None:
-    """Docker reports runsc, no network, read-only root, tmpfs workspace, limits, no caps."""
+    """Docker reports runsc, no network, read-only root, tmpfs workspace, limits, no caps,
+    and no host path but the read-only environments."""
     box = sandbox_manager.get(sandbox_id)
     client = sandbox_manager.docker._client
     assert client is not None
@@ -32,7 +33,11 @@ async def test_container_is_configured_with_every_default(
     assert not host["NanoCpus"]
     assert await CpuQuota(sandbox_manager.docker).limit(box.container_id) == limits.max_cpu_cores
     assert host["Tmpfs"]["/workspace"].startswith(f"size={limits.max_disk_mb}m")
-    assert not host.get("Binds") and not attrs["Mounts"]
+    # One host path only: the install cache's environments, read-only (docs/dependencies.md).
+    store = sandbox_manager.installs.store
+    assert store is not None
+    assert host.get("Binds") == [f"{store.envs}:/opt/harombe/envs:ro"]
+    assert [(m["Destination"], m["RW"]) for m in attrs["Mounts"]] == [("/opt/harombe/envs", False)]
     assert attrs["Config"]["User"] == "0:0"  # the supervisor; user code runs as 1000
     assert "HAROMBE_RUN_AS=1000:1000" in attrs["Config"]["Env"]
     assert sorted(host["CapAdd"]) == ["KILL", "SETGID", "SETUID"]

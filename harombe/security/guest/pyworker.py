@@ -148,6 +148,7 @@ class _Interpreter:
     def __init__(self):
         # Where code_install_package puts Python packages (pip --user); on the path even before
         # it exists, so packages installed after this interpreter started are found.
+        self.user_site_seen = None  # the user site's mtime when last looked at
         self.user_site = "%s/.local/lib/python%d.%d/site-packages" % (
             os.environ.get("HOME", "/home/sandbox"),
             sys.version_info[0],
@@ -180,6 +181,29 @@ class _Interpreter:
         self.own_handlers = [(s, getsignal(s)) for s in sorted(signal.valid_signals())
                              if getsignal(s) is not None]  # fmt: skip
 
+    def _user_site_changed(self):
+        user_site = self.user_site
+        if sys.path_importer_cache.get(user_site, False) is None and os.path.isdir(user_site):
+            # An import that failed before the first package install cached "nothing here"
+            # for the user site; the install made it a directory, so look again.
+            del sys.path_importer_cache[user_site]
+        # The install cache's environments: each a harombe-env-<key>.pth naming a read-only
+        # directory, as site would add it for a fresh interpreter (this one runs without site).
+        try:
+            names = sorted(n for n in os.listdir(user_site)
+                           if n.startswith("harombe-env-") and n.endswith(".pth"))  # fmt: skip
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                with open(os.path.join(user_site, name), encoding="utf-8") as f:
+                    path = f.readline(4096).strip()
+            except (OSError, ValueError):
+                continue
+            if path.startswith("/opt/harombe/envs/") and path not in sys.path:
+                at = sys.path.index(user_site) + 1 if user_site in sys.path else len(sys.path)
+                sys.path.insert(at, path)
+
     def _open_output(self):
         # Two faces of stdout. Streaming: line-buffered to fd 1, so the host sees each line as
         # it is printed. Otherwise: collected in memory and sent with the reply, which saves
@@ -204,11 +228,13 @@ class _Interpreter:
     def call(self, request, blob):
         """Run one request's code (``blob``); the reply and the stdout held in memory."""
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this call's children report as usual
-        user_site = self.user_site
-        if sys.path_importer_cache.get(user_site, False) is None and os.path.isdir(user_site):
-            # An import that failed before the first package install cached "nothing here"
-            # for the user site; the install made it a directory, so look again.
-            del sys.path_importer_cache[user_site]
+        try:
+            seen = os.stat(self.user_site).st_mtime_ns
+        except OSError:
+            seen = None
+        if seen != self.user_site_seen:  # a package was installed since the last call
+            self.user_site_seen = seen
+            self._user_site_changed()
         # Set for every call: streams a call replaced (or closed) are not the next call's.
         sys.stdout = self.streamed if request.get("stream") else self.collected
         sys.stderr, sys.stdin = self.stderr, self.stdin

@@ -7,18 +7,29 @@ URL/VCS/path dependencies anywhere in the tree; npm trees are resolved to a lock
 hold registry releases only before anything is fetched, and installed with scripts off (see
 :mod:`harombe.security.runtime.packages`). The files are unpacked inside the sandbox and installed
 there, offline.
+
+With the install cache on (the default), a PyPI install goes through
+:mod:`harombe.security.runtime.environments` instead: the set is resolved and unpacked on the
+host once, every sandbox sees the cache read-only, and the install itself is one ``.pth`` file in
+the sandbox's user site. The sandbox's pip is used when the cache is off.
 """
 
 from __future__ import annotations
 
+import io
 import secrets
+import tarfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from harombe.config import INTERPRETERS, REGISTRY_LANGUAGES, NetworkConfig
+from harombe.config_environments import InstallCacheConfig
 from harombe.errors import UsageError
 from harombe.security.runtime import packages
+from harombe.security.runtime.environments import Environment, EnvironmentStore, default_directory
 from harombe.security.runtime.files import Files
+from harombe.security.runtime.packages.wheels import Target
 from harombe.security.runtime.runs import Runs
 from harombe.security.runtime.sandbox import HOME, ExecutionResult, Sandbox
 
@@ -44,12 +55,32 @@ def _numpy_abi_break(stderr: str) -> bool:
 class Installs:
     """Installs registry packages into sandboxes, through ``runs`` and ``files``."""
 
-    def __init__(self, runs: Runs, files: Files, *, network: NetworkConfig) -> None:
+    def __init__(
+        self,
+        runs: Runs,
+        files: Files,
+        *,
+        network: NetworkConfig,
+        cache: InstallCacheConfig | None = None,
+    ) -> None:
         self._runs = runs
         self._files = files
         # Where packages come from: configured registries, else this machine's pip/npm config.
         self._index_urls = network.registry_urls("pypi")
         self._npm_registry = next(iter(network.registry_urls("npm")), None)
+        self.store: EnvironmentStore | None = None
+        if cache is not None and cache.enabled:
+            where = Path(cache.directory).expanduser() if cache.directory else default_directory()
+            self.store = EnvironmentStore(
+                where, max_mb=cache.max_mb, resolve_ttl_s=cache.resolve_ttl_s,
+                index_urls=self._index_urls,
+            )  # fmt: skip
+            self.store.open()
+
+    @property
+    def environments_dir(self) -> str | None:
+        """The host directory every sandbox sees at ``ENV_MOUNT`` (None: no cache)."""
+        return str(self.store.envs) if self.store is not None else None
 
     async def install(self, box: Sandbox, spec: packages.PackageSpec) -> ExecutionResult:
         """Install ``spec`` into ``box``, which stays offline throughout; a failed install is
@@ -63,6 +94,8 @@ class Installs:
                 archive, npm_output = await packages.fetch_npm(spec, registry=self._npm_registry)
                 await self._files.untar(box, archive, root=f"{HOME}/node_modules")
                 return self._install_result(box, npm_output, time.perf_counter() - started)
+            if self.store is not None:
+                return await self._install_cached(box, spec)
             result = await self._install_pypi(box, spec)
             if result.success and _numpy_abi_break(await self._import_check(box, spec)):
                 # Built against NumPy 1.x, resolved with NumPy 2: install it again with numpy<2.
@@ -73,18 +106,74 @@ class Installs:
                 )
             return result
 
+    async def _install_cached(self, box: Sandbox, spec: packages.PackageSpec) -> ExecutionResult:
+        """``spec`` through the install cache: its environment, built now or found, linked into
+        the sandbox's user site. The first sandbox to use an environment checks it imports."""
+        assert self.store is not None
+        started = time.perf_counter()
+        env = await self.store.ensure([spec.text], target=self.target(box))
+        result = await self.link(box, env)
+        warnings = []
+        if result.success and not self.store.import_checked(env.key):
+            stderr = await self._import_check(box, spec)
+            if _numpy_abi_break(stderr):
+                # Built against NumPy 1.x, resolved with NumPy 2: the set again with numpy<2.
+                await self.unlink(box, env)
+                env = await self.store.ensure([spec.text], target=self.target(box),
+                                              constraints=NUMPY_1)  # fmt: skip
+                result = await self.link(box, env)
+                warnings.append(
+                    f"{spec.text} was built against NumPy 1.x and fails to import with NumPy "
+                    "2, so it was installed with numpy<2"
+                )
+            elif not stderr:
+                self.store.mark_import_checked(env.key)
+        if result.success:
+            how = "from the install cache" if env.reused else "downloaded, now cached"
+            result.stdout = f"Successfully installed {' '.join(env.wheels)} ({how})\n"
+        result.execution_time = round(time.perf_counter() - started, 6)
+        result.warnings.extend(warnings)
+        return result
+
+    def target(self, box: Sandbox) -> Target:
+        """The interpreter and platform wheels are chosen for: the sandbox's own."""
+        libc = box.info.get("libc") or ["glibc", "2.17"]
+        python, machine = str(box.info.get("python", "3")), str(box.info.get("machine"))
+        return Target(python=python, machine=machine, glibc=str(libc[1] or "2.17"))
+
+    async def link(self, box: Sandbox, env: Environment) -> ExecutionResult:
+        """Put ``env`` on the sandbox's ``sys.path``: a ``.pth`` file in its user site, which
+        fresh interpreters read at start and the session interpreter before each call. Written
+        by the supervisor's unpack (no process is started); the caller holds the lock."""
+        assert self.store is not None
+        self.store.hold(env.key)  # this process does not evict what its sandboxes use
+        started = time.perf_counter()
+        line = f"{env.site}\n".encode()
+        member = tarfile.TarInfo(env.pth_name)
+        member.size, member.mode = len(line), 0o644
+        archive = io.BytesIO()
+        with tarfile.open(fileobj=archive, mode="w") as tar:
+            tar.addfile(member, io.BytesIO(line))
+        await self._files.untar(box, archive.getvalue(), root=self.user_site(box))
+        return self._install_result(box, "", time.perf_counter() - started, language="shell")
+
+    async def unlink(self, box: Sandbox, env: Environment) -> None:
+        await self._runs.run(box, ["rm", "-f", "--", f"{self.user_site(box)}/{env.pth_name}"],
+                             b"", language="shell", timeout_s=60)  # fmt: skip
+
+    @staticmethod
+    def user_site(box: Sandbox) -> str:
+        minor = ".".join(str(box.info.get("python", "3")).split(".")[:2])
+        return f"{HOME}/.local/lib/python{minor}/site-packages"
+
     async def _install_pypi(
         self, box: Sandbox, spec: packages.PackageSpec, *, constraints: Sequence[str] = ()
     ) -> ExecutionResult:
-        libc = box.info.get("libc") or ["glibc", "2.17"]
+        target = self.target(box)
         archive = await packages.fetch_pypi(
-            spec,
-            python=str(box.info.get("python", "3")),
-            machine=str(box.info.get("machine")),
-            glibc=str(libc[1] or "2.17"),
-            constraints=constraints,
-            index_urls=self._index_urls,
-        )
+            spec, python=target.python, machine=target.machine, glibc=target.glibc,
+            constraints=constraints, index_urls=self._index_urls,
+        )  # fmt: skip
         # A fresh, unguessable directory: code in the sandbox cannot have planted it (the
         # untar refuses a symlink anywhere on the way, too).
         wheels = f"/tmp/harombe-wheels-{secrets.token_hex(8)}"
@@ -114,7 +203,9 @@ class Installs:
         )  # fmt: skip
         return result.stderr
 
-    def _install_result(self, box: Sandbox, output: str, elapsed_s: float) -> ExecutionResult:
+    def _install_result(
+        self, box: Sandbox, output: str, elapsed_s: float, *, language: str = "javascript"
+    ) -> ExecutionResult:
         return ExecutionResult(
             success=True,
             sandbox_id=box.sandbox_id,
@@ -124,6 +215,6 @@ class Installs:
             execution_time=round(elapsed_s, 6),
             error=None,
             status="ok",
-            language="javascript",
+            language=language,
             runtime=box.runtime,
         )

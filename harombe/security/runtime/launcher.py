@@ -71,8 +71,10 @@ class Launcher:
         runs: Runs,
         owner: str,
         manager_id: str,
+        environments_dir: str | None = None,
     ) -> None:
         self._docker = docker
+        self._environments_dir = environments_dir
         self._config = config
         self._networks = networks
         self._runs = runs
@@ -209,6 +211,7 @@ class Launcher:
             manager_id=self._manager_id, language=language, pooled=pooled,
             cpu_at_create=not self._late_cpu_limit,
             network=lease.network_name if lease is not None else None, extra_env=env,
+            environments_dir=self._environments_dir,
         )  # fmt: skip
         container_id = await self._docker.create_container(**spec)
         channel: Channel | None = None

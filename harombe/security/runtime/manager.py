@@ -41,11 +41,12 @@ from harombe.security.runtime import packages
 from harombe.security.runtime.backend import DockerBackend
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.egress_resources import Resolver, system_resolver
+from harombe.security.runtime.environment_sandboxes import Environments
 from harombe.security.runtime.files import DirListing, Files
 from harombe.security.runtime.installs import Installs
 from harombe.security.runtime.launcher import Launcher
+from harombe.security.runtime.manager_pools import PoolMixin
 from harombe.security.runtime.network import SandboxNetworks
-from harombe.security.runtime.pool import WarmPool
 from harombe.security.runtime.preflight import check_runtimes
 from harombe.security.runtime.profiled import cap_timeout
 from harombe.security.runtime.results import lost_result
@@ -67,7 +68,7 @@ log = structlog.get_logger(__name__)
 STOPPED_DURING_CREATE = "the sandbox manager was stopped while the sandbox was being made"
 
 
-class SandboxManager:
+class SandboxManager(PoolMixin):
     """Creates, runs and destroys sandboxes. ``await start()`` before use, ``stop()`` after.
 
     ``config`` is a :class:`~harombe.config.HarombeConfig`; without one, the manager uses
@@ -122,41 +123,14 @@ class SandboxManager:
         )
         self.runs = Runs(docker_manager, cfg)
         self.files = Files(cfg.limits)
-        self.installs = Installs(self.runs, self.files, network=cfg.network)
+        self.installs = Installs(self.runs, self.files, network=cfg.network,
+                                 cache=cfg.install_cache)  # fmt: skip
         self.launcher = Launcher(
             docker_manager, cfg, networks=self.networks, runs=self.runs, owner=self._owner,
-            manager_id=self.manager_id,
+            manager_id=self.manager_id, environments_dir=self.installs.environments_dir,
         )  # fmt: skip
+        self.environments = Environments(self.installs, self.runs, cfg.environments)
         self.pool = self._new_pool()
-
-    def _new_pool(self) -> WarmPool:
-        pool, launcher, profiles = self.sandbox_config.pool, self.launcher, self._profiles
-        # The pool talks to the launcher only; its key starts with the language and ends with
-        # the profile's fingerprint (pool_key).
-        return WarmPool(
-            lambda key: launcher.launch_pooled(key[0], profiles.get(key[-1])),  # type: ignore[index]
-            launcher.discard, size=pool.size, max_age_s=pool.max_age_s, probe=launcher.answers,
-        )  # fmt: skip
-
-    def pool_key(self, language: Language, profile: Profile | None = None) -> tuple[str, ...]:
-        """The warm-pool key of ``language``'s sandboxes: language, image, runtime, limits and
-        the fingerprint of their profile (``""``: none)."""
-        cfg, fingerprint = self.sandbox_config, profile.fingerprint() if profile else ""
-        if profile is not None:
-            self._profiles[fingerprint] = profile
-        return (language, cfg.image_for(language), cfg.runtime, cfg.limits.model_dump_json(),
-                fingerprint)  # fmt: skip
-
-    def prewarm(self, language: Language = "python", *, profile: Profile | None = None) -> None:
-        """Fill ``language``'s warm pool (``profile``'s: layer up, preimports done)."""
-        if not self._started:
-            raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
-        self.pool.fill(self.pool_key(language, profile))
-
-    async def wait_pool_settled(self) -> None:
-        """Wait until the pool has refilled and background removals are done (benchmarks)."""
-        await self.pool.settled()
-        await self.launcher.background.wait()
 
     @property
     def sandbox_config(self) -> SandboxConfig:
@@ -232,24 +206,34 @@ class SandboxManager:
         network_enabled: bool = False,
         allowed_domains: Sequence[str] = (),
         profile: Profile | None = None,
+        environment: str | Sequence[str] | None = None,
     ) -> Sandbox:
         """A started sandbox, from the warm pool when one is ready, else started now; with
-        ``profile`` (Python only), under that profile's runtime layer for life."""
+        ``profile`` (Python only), under that profile's runtime layer for life; with
+        ``environment`` (a defined name, or requirements), with those packages importable."""
         if not self._started:
             raise UsageError("Sandbox manager not started: await sandbox_manager.start() first")
         if language not in LANGUAGES:
             raise UsageError(
                 f"unknown language {str(language)[:40]!r}; use one of {', '.join(LANGUAGES)}"
             )
+        if environment is not None:
+            return await self._create_with_environment(
+                language, environment, network_enabled=network_enabled,
+                allowed_domains=allowed_domains, profile=profile,
+            )  # fmt: skip
         # Only a sandbox that answers; a claim also starts a refill: the pool fills after use.
-        key = self.pool_key(language, profile)
-        box = None if network_enabled else await self.pool.claim(key)
+        box = None if network_enabled else await self.pool.claim(self.pool_key(language, profile))
         if box is not None:
             log.info("sandbox.claimed", sandbox_id=box.sandbox_id, language=language)
         if box is None and self._started:
             box = await self._launch(language, network_enabled=network_enabled,
                                      allowed_domains=allowed_domains, profile=profile)  # fmt: skip
-        if not self._started:  # stop() ran meanwhile: what was claimed is nobody's
+        return await self._adopt(box)
+
+    async def _adopt(self, box: Sandbox | None) -> Sandbox:
+        """``box`` (claimed or started) is the caller's now, unless ``stop()`` ran meanwhile."""
+        if not self._started or box is None:  # what was claimed is nobody's
             if box is not None:
                 await settle(self.launcher.discard(box))
             raise UsageError(STOPPED_DURING_CREATE)

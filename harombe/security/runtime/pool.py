@@ -57,11 +57,16 @@ class WarmPool:
         self._discard = discard
         self._probe = probe
         self.size = size
+        self.sizes: dict[Hashable, int] = {}  # keys whose pool is not ``size`` (environments)
         self.max_age_s = max_age_s
         self._ready: dict[Hashable, deque[Sandbox]] = {}
         self._refills: dict[Hashable, asyncio.Task[None]] = {}
         self._background = Background()
         self._closed = False
+
+    def size_of(self, key: Hashable) -> int:
+        """How many sandboxes the pool keeps ready for ``key`` (0 when the pool is off)."""
+        return self.sizes.get(key, self.size) if self.size > 0 else 0
 
     def ready(self, key: Hashable) -> list[str]:
         """The ids of the sandboxes waiting for ``key`` now, oldest first."""
@@ -75,7 +80,7 @@ class WarmPool:
         """A ready, live sandbox for ``key`` (removed from the pool), or None; starts a refill.
 
         Candidates that are too old, were used, or do not answer are retired on the way."""
-        if self.size <= 0 or self._closed:
+        if self.size_of(key) <= 0 or self._closed:
             return None
         queue = self._ready.setdefault(key, deque())
         box = None
@@ -100,7 +105,7 @@ class WarmPool:
 
     def fill(self, key: Hashable) -> None:
         """Top the pool for ``key`` up to ``size`` in the background (no-op if already doing so)."""
-        if self.size <= 0 or self._closed:
+        if self.size_of(key) <= 0 or self._closed:
             return
         task = self._refills.get(key)
         if task is None or task.done():
@@ -114,7 +119,7 @@ class WarmPool:
 
     async def _refill(self, key: Hashable) -> None:
         queue = self._ready.setdefault(key, deque())
-        while not self._closed and len(queue) < self.size:
+        while not self._closed and len(queue) < self.size_of(key):
             started = time.perf_counter()
             try:
                 box = await self._launch(key)

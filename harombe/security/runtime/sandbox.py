@@ -35,11 +35,16 @@ LABEL_OWNER = "harombe.owner"
 LABEL_MANAGER = "harombe.manager"
 LABEL_POOLED = "harombe.pooled"
 HOME = "/home/sandbox"
+#: Where the install cache's environments appear in every sandbox, read-only.
+ENV_MOUNT = "/opt/harombe/envs"
 WORKSPACE = "/workspace"
 # gVisor keeps tmpfs files in sandbox memory, so the container's cgroup limit must cover the
 # workspace, home and /tmp on top of user memory; user memory itself is enforced by the
 # supervisor, which sums the resident size of user processes.
 TMP_MB = 256
+#: ``/mnt``: an empty tmpfs where a run with a host directory gets its copy (``harombe.mounts``).
+MNT = "/mnt"
+MNT_MB = 256
 OVERHEAD_MB = 192
 # Docker's pids limit also counts gVisor's own host threads and (on the ptrace platform) one
 # host process per guest address space; when it is reached the sentry itself dies. So the
@@ -134,12 +139,14 @@ def container_spec(
     cpu_at_create: bool = True,
     network: str | None = None,
     extra_env: dict[str, str] | None = None,
+    environments_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Keyword arguments for ``docker containers.create``: every isolation default in one place."""
+    """Keyword arguments for ``docker containers.create``: every isolation default in one place.
+    ``environments_dir``: the install cache's ``envs``, seen read-only at ``ENV_MOUNT``."""
     limits = config.limits
     uid, _, gid = config.user.partition(":")
     owned = f"uid={uid},gid={gid or uid}"
-    backstop_mb = limits.max_memory_mb + 2 * limits.max_disk_mb + TMP_MB + OVERHEAD_MB
+    backstop_mb = limits.max_memory_mb + 2 * limits.max_disk_mb + TMP_MB + MNT_MB + OVERHEAD_MB
     return {
         "image": image,
         "command": ["python3", "-I", "-S", "-c", SUPERVISOR_BOOT],
@@ -184,10 +191,16 @@ def container_spec(
         "dns_search": ["."],
         "dns_opt": ["attempts:1", "timeout:1"],
         "read_only": True,
+        **(
+            {"volumes": {environments_dir: {"bind": ENV_MOUNT, "mode": "ro"}}}
+            if environments_dir
+            else {}
+        ),
         "tmpfs": {
             WORKSPACE: f"size={limits.max_disk_mb}m,mode=0755,{owned}",
             HOME: f"size={limits.max_disk_mb}m,mode=0755,{owned}",
             "/tmp": f"size={TMP_MB}m,mode=1777",
+            MNT: f"size={MNT_MB}m,mode=0755,{owned}",
         },
         "mem_limit": f"{backstop_mb}m",
         "memswap_limit": f"{backstop_mb}m",
@@ -224,6 +237,7 @@ class Sandbox:
     js_worker_sent: bool = False  # the supervisor has the JavaScript worker's source
     profile: Profile | None = None  # fixed at creation: every call runs under its layer
     limits: Limits | None = None  # its own limits, when a profile narrowed the configured ones
+    environment: str | None = None  # the key of the dependency environment it started with
     created_at: float = field(default_factory=time.time)
     runs: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)

@@ -35,7 +35,7 @@ from harombe.security.runtime.packages.fetch_runner import FetchArea
 log = structlog.get_logger(__name__)
 __all__ = [
     "FETCH_TIMEOUT_S", "REGISTRIES", "TAR_MAX_BYTES", "TAR_MAX_MEMBERS", "PackageSpec", "Registry",
-    "fetch_npm", "fetch_pypi", "manylinux_platforms", "parse_spec",
+    "fetch_npm", "fetch_pypi", "fetching", "manylinux_platforms", "parse_spec",
 ]  # fmt: skip
 
 #: The whole download (every pip / npm run of one install) must finish within this.
@@ -102,8 +102,8 @@ def _owner(area: FetchArea) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _fetching(spec: PackageSpec, prefix: str) -> AsyncIterator[FetchArea]:
-    """A private download area for ``spec``, removed afterwards; the work in the block gets
+async def fetching(label: str, prefix: str) -> AsyncIterator[FetchArea]:
+    """A private download area for ``label``, removed afterwards; the work in the block gets
     ``FETCH_TIMEOUT_S`` (the tar of what it fetched included)."""
     area = await asyncio.to_thread(FetchArea, prefix)
     try:
@@ -111,7 +111,7 @@ async def _fetching(spec: PackageSpec, prefix: str) -> AsyncIterator[FetchArea]:
             yield area
     except TimeoutError:
         raise PackageFetchError(
-            f"downloading {spec.text} took longer than {FETCH_TIMEOUT_S}s; check the host's "
+            f"downloading {label} took longer than {FETCH_TIMEOUT_S}s; check the host's "
             "network and package index configuration"
         ) from None
     finally:
@@ -134,7 +134,7 @@ async def fetch_pypi(
     (:mod:`.pypi`); a URL, VCS or path dependency anywhere in the tree
     raises :class:`PackageSpecError`, a dependency without a wheel :class:`PackageFetchError`."""
     target = pypi_fetch.Target(python=python, machine=machine, glibc=glibc)
-    async with _fetching(spec, "harombe-wheels-") as area:
+    async with fetching(spec.text, "harombe-wheels-") as area:
         wheels = await pypi_fetch.resolve(
             area, spec.text, target, manylinux_platforms(machine, glibc), constraints,
             index_urls=index_urls,
@@ -152,7 +152,7 @@ async def fetch_npm(spec: PackageSpec, *, registry: str | None = None) -> tuple[
             "npm is not installed on the host; harombe downloads npm packages with the host's "
             "npm (install it, e.g. `apt-get install npm`)"
         )
-    async with _fetching(spec, "harombe-npm-") as area:
+    async with fetching(spec.text, "harombe-npm-") as area:
         modules, output = await npm_fetch.fetch_tree(area, npm, spec.text, registry=registry)
         archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()), _owner(area))
         log.debug("package.fetched", registry="npm", spec=spec.text)

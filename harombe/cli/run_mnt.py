@@ -1,0 +1,51 @@
+"""``harombe run --mnt DIR``: the program runs with DIR copied in at ``/mnt`` and what it
+changed there is applied to DIR (see :mod:`harombe.mounts`); harombe then says what changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from harombe.cli.common import started_manager
+from harombe.config import HarombeConfig
+from harombe.errors import UsageError
+
+
+def check_mnt(*, packages: Sequence[str], profile: str | None, gated: bool) -> None:
+    """:class:`UsageError` for what ``--mnt`` does not combine with."""
+    if packages or profile:
+        raise UsageError("--mnt cannot be combined with --install or --profile; run the "
+                         "program with --mnt alone")  # fmt: skip
+    if gated:
+        raise UsageError("--mnt does not run behind the HITL gate the config enables "
+                         "(security.hitl); run it with a config without that section")  # fmt: skip
+
+
+async def run_mounted(
+    config: HarombeConfig, *, mnt_dir: str, language: str, code: str,
+    timeout_s: float | None, network: bool | None, allowed_domains: Sequence[str],
+    on_output: Callable[[str, bytes], Any],
+) -> dict[str, Any]:  # fmt: skip
+    """Run ``code`` in a new sandbox with ``mnt_dir`` copied in at ``/mnt``, its output
+    streamed to ``on_output``, and apply its changes there to ``mnt_dir``; the result, with
+    the applied changes under ``mnt_changed``."""
+    from harombe.mounts import run_sandboxed_async
+
+    async with started_manager(config) as manager:
+        result, changed = await run_sandboxed_async(
+            code, mnt_dir=mnt_dir, language=language, timeout=timeout_s,
+            network=bool(network), allowed_domains=allowed_domains, manager=manager,
+            on_output=on_output,
+        )  # fmt: skip
+    return {**result, "mnt_changed": changed}
+
+
+def mnt_report(result: Mapping[str, Any]) -> list[str]:
+    """harombe's lines after a ``--mnt`` run: each change applied to the directory, each
+    refused, and why nothing came back if so (none after a run without ``--mnt``)."""
+    lines = [f"mnt: {c['change']} {c['path']}" + ("/" if c["type"] == "directory" else "")
+             for c in result.get("mnt_changed") or ()]  # fmt: skip
+    lines += [f"mnt: refused {r['path']}: {r['reason']}" for r in result.get("refused") or ()]
+    if result.get("mount_error"):
+        lines.append(f"mnt: {result['mount_error']}")
+    return lines

@@ -1,0 +1,391 @@
+"""Dependency environments: PyPI requirement sets resolved on the host, unpacked once into a
+read-only tree, and shared by every sandbox that asks for the same set.
+
+A sandbox sees the cache's ``envs`` directory read-only at :data:`ENV_MOUNT` (gVisor's gofer
+serves it; nothing in a sandbox can write there). Installing a cached set into a sandbox is
+then one small file, ``harombe-env-<key>.pth`` in its user site, naming the set's ``site``
+directory: no download, no copy, no pip. Layout of the cache directory::
+
+    envs/<key>/              one environment, never changed once published
+        site/                purelib and platlib of every wheel (bytecode compiled on the host
+                             when its Python is the sandbox's minor version)
+        bin/                 console scripts (``#!/usr/bin/python3``)
+        manifest.json        requirements asked, wheels (file, sha256), target, size
+    requests/<hash>.json     a requirement set as asked -> the environment it resolved to
+    used/<key>               touched on every use: the least recently used go first
+    locks/<hash>.lock        one builder per requirement set, across processes
+    tmp/                     staging: an environment appears in envs/ by one rename
+
+The key is the SHA-256 of the resolved wheels (file names and their SHA-256) and the target
+(Python minor version, CPU, glibc): the same set resolved twice is one environment. Wheels are
+unpacked by ``installer`` after their ``RECORD`` hashes were checked; nothing of a package runs
+on the host (resolution is :mod:`.packages.pypi`'s). A request is answered from ``requests/``
+for ``resolve_ttl_s`` (an unpinned ``pandas`` is not re-resolved on every install); after that
+it is resolved again, and a new release gives a new environment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from harombe.errors import ConfigError, PackageFetchError
+from harombe.security.runtime import packages
+from harombe.security.runtime.environment_unpack import (
+    compile_tree,
+    make_read_only,
+    needs_import_check,
+    remove_tree,
+    sha256_of,
+    tree_bytes,
+    unpack_wheel,
+)
+from harombe.security.runtime.packages import pypi as pypi_fetch
+from harombe.security.runtime.packages.wheels import Target, Wheel
+from harombe.security.runtime.sandbox import ENV_MOUNT
+
+log = structlog.get_logger(__name__)
+
+#: The file in a sandbox's user site that puts one environment on ``sys.path``.
+PTH_PREFIX = "harombe-env-"
+#: Environments used within this long are never evicted (a sandbox may be importing from one).
+EVICT_GRACE_S = 3600.0
+LOCK_POLL_S = 0.05
+#: A request found in the cache is answered from memory for this long before disk is read
+#: again (the TTL, a rebuild elsewhere, an eviction).
+RECHECK_S = 10.0
+
+Progress = Callable[[str], None]
+
+
+def default_directory() -> Path:
+    """``$XDG_CACHE_HOME/harombe/environments``, else ``~/.cache/harombe/environments``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "harombe" / "environments"
+
+
+@dataclass(frozen=True)
+class Environment:
+    """One published environment: what a sandbox needs to use it."""
+
+    key: str
+    requirements: tuple[str, ...]
+    wheels: tuple[str, ...]  # "name-version" of each distribution, as pip prints them
+    size_bytes: int
+    reused: bool  # found in the cache (no download, no unpack)
+
+    @property
+    def site(self) -> str:
+        """The environment's site directory as sandboxes see it."""
+        return f"{ENV_MOUNT}/{self.key}/site"
+
+    @property
+    def pth_name(self) -> str:
+        return f"{PTH_PREFIX}{self.key}.pth"
+
+
+def request_hash(requirements: Sequence[str], target: Target, constraints: Sequence[str],
+                 index_urls: Sequence[str]) -> str:  # fmt: skip
+    """What identifies a request: the set as asked (order and duplicates do not matter)."""
+    body = json.dumps(
+        [sorted(set(requirements)), sorted(set(constraints)), list(index_urls),
+         target.python_version, target.machine, target.glibc],
+    )  # fmt: skip
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+def environment_key(wheels: Sequence[tuple[str, str]], target: Target) -> str:
+    """The key of resolved ``(wheel file name, sha256)`` pairs for ``target``."""
+    body = json.dumps([sorted(wheels), target.python_version, target.machine, target.glibc])
+    return hashlib.sha256(body.encode()).hexdigest()[:32]
+
+
+class EnvironmentStore:
+    """The host-side cache of environments in ``directory`` (see the module docstring).
+
+    Safe under concurrent use from threads, tasks and processes: builders of one request hold
+    its lock file; publishing is one ``rename``; readers only ever see whole environments."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_mb: int,
+        resolve_ttl_s: float,
+        index_urls: Sequence[str] = (),
+    ) -> None:
+        self.directory = directory
+        self.envs = directory / "envs"
+        self.max_bytes = max_mb << 20
+        self.resolve_ttl_s = resolve_ttl_s
+        self.index_urls = tuple(index_urls)
+        self._leases: dict[str, int] = {}
+        self._recent: dict[str, tuple[Environment, float]] = {}  # request -> env, looked up at
+
+    def open(self) -> None:
+        """Create the layout; raises :class:`ConfigError` naming the directory if it cannot."""
+        try:
+            for name, mode in (("envs", 0o755), ("requests", 0o700), ("used", 0o700),
+                               ("locks", 0o700), ("tmp", 0o700)):  # fmt: skip
+                (self.directory / name).mkdir(parents=True, exist_ok=True)
+                os.chmod(self.directory / name, mode)
+            os.chmod(self.directory, 0o755)
+        except OSError as exc:
+            raise ConfigError(
+                f"the install cache directory {self.directory} cannot be used ({exc.strerror}); "
+                "set security.sandbox.install_cache.directory to a writable local directory, "
+                "or enabled: false"
+            ) from None
+
+    # -- the request path -------------------------------------------------------------------
+
+    async def ensure(
+        self,
+        requirements: Sequence[str],
+        *,
+        target: Target,
+        constraints: Sequence[str] = (),
+        refresh: bool = False,
+        on_progress: Progress | None = None,
+    ) -> Environment:
+        """The environment of ``requirements`` for ``target``: from the cache when a request
+        for the same set was resolved within ``resolve_ttl_s`` (``refresh`` resolves again),
+        else resolved, downloaded and unpacked now. Raises :class:`PackageFetchError` (or
+        :class:`~harombe.errors.PackageSpecError`) naming the requirement that failed."""
+        say = on_progress or (lambda _text: None)
+        wanted = request_hash(requirements, target, constraints, self.index_urls)
+        if not refresh:
+            recent = self._recent.get(wanted)
+            if recent is not None and time.monotonic() - recent[1] < min(
+                RECHECK_S, self.resolve_ttl_s
+            ):
+                return recent[0]  # looked up on disk a moment ago: no I/O for a pool claim
+            known = await asyncio.to_thread(self._remembered, wanted)
+            if known is not None:
+                self._recent[wanted] = (known, time.monotonic())
+                return known
+        async with self._locked(wanted):
+            if not refresh:
+                known = await asyncio.to_thread(self._remembered, wanted)
+                if known is not None:
+                    return known
+            env = await self._resolve_and_build(requirements, target, constraints, say)
+            await asyncio.to_thread(self._remember, wanted, env.key)
+        await asyncio.to_thread(self.evict)
+        return env
+
+    def _remembered(self, wanted: str) -> Environment | None:
+        try:
+            memo = json.loads((self.directory / "requests" / f"{wanted}.json").read_text())
+            if time.time() - float(memo["resolved_at"]) > self.resolve_ttl_s:
+                return None
+            env = self.load(str(memo["key"]), reused=True)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if env is not None:
+            self.touch(env.key)
+        return env
+
+    def _remember(self, wanted: str, key: str) -> None:
+        path = self.directory / "requests" / f"{wanted}.json"
+        staged = path.with_suffix(f".{os.getpid()}.tmp")
+        staged.write_text(json.dumps({"key": key, "resolved_at": time.time()}))
+        os.replace(staged, path)
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, wanted: str) -> Any:
+        """One builder per request across tasks and processes: an ``flock`` polled without
+        blocking (a waiter holds no thread, so waiters cannot starve the builder's threads)."""
+        fd = os.open(self.directory / "locks" / f"{wanted}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(LOCK_POLL_S)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    async def _resolve_and_build(
+        self, requirements: Sequence[str], target: Target, constraints: Sequence[str],
+        say: Progress,
+    ) -> Environment:  # fmt: skip
+        async with contextlib.AsyncExitStack() as areas:
+            wheels = await self._resolve(areas, requirements, target, constraints, say)
+            say(f"resolved {len(wheels)} distributions: " + ", ".join(w.label for w in wheels))
+            hashed = await asyncio.to_thread(lambda: [(w, sha256_of(w.path)) for w in wheels])
+            key = environment_key([(w.path.name, h) for w, h in hashed], target)
+            env = await asyncio.to_thread(self.load, key, reused=True)
+            if env is not None:  # another request resolved to the same set
+                self.touch(key)
+                return env
+            say(f"unpacking {len(wheels)} wheels")
+            return await asyncio.to_thread(self._build, key, hashed, tuple(requirements), target)
+
+    async def _resolve(
+        self, areas: contextlib.AsyncExitStack, requirements: Sequence[str], target: Target,
+        constraints: Sequence[str], say: Progress,
+    ) -> list[Wheel]:  # fmt: skip
+        """Each requirement in turn (a download area of its own, kept open in ``areas``),
+        pinned to what the ones before it picked: one consistent set, or the failure of the
+        requirement that does not fit."""
+        platforms = packages.manylinux_platforms(target.machine, target.glibc)
+        picks: dict[str, Wheel] = {}
+        for requirement in requirements:
+            say(f"resolving {requirement}")
+            area = await areas.enter_async_context(packages.fetching(requirement, "harombe-env-"))
+            pins = [f"{w.name}=={w.version}" for w in picks.values()]
+            got = await pypi_fetch.resolve(
+                area, requirement, target, platforms, [*constraints, *pins],
+                index_urls=self.index_urls,
+            )  # fmt: skip
+            picks.update((w.name, w) for w in got)
+        return list(picks.values())
+
+    # -- building ---------------------------------------------------------------------------
+
+    def _build(self, key: str, hashed: Sequence[tuple[Wheel, str]],
+               requirements: tuple[str, ...], target: Target) -> Environment:  # fmt: skip
+        stage = self.directory / "tmp" / f"{key}.{os.getpid()}.{time.monotonic_ns()}"
+        try:
+            stage.mkdir(mode=0o755)
+            for wheel, _ in sorted(hashed, key=lambda pair: pair[0].name):
+                unpack_wheel(wheel.path, stage, label=wheel.label)
+            if sys.version_info[:2] == tuple(int(x) for x in target.python_version.split(".")):
+                compile_tree(stage / "site")
+            manifest = {
+                "key": key,
+                "requirements": list(requirements),
+                "wheels": [
+                    {"file": w.path.name, "sha256": h, "name": w.name, "version": str(w.version)}
+                    for w, h in hashed
+                ],
+                "target": [target.python_version, target.machine, target.glibc],
+                "size_bytes": tree_bytes(stage),
+                "import_check": needs_import_check(stage, [w.name for w, _ in hashed]),
+            }
+            (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
+            make_read_only(stage)
+            try:
+                os.rename(stage, self.envs / key)
+            except OSError:  # published meanwhile by another process: theirs is the same
+                if not (self.envs / key / "manifest.json").is_file():
+                    raise
+        finally:
+            if stage.exists():
+                remove_tree(stage)
+        self.touch(key)
+        env = self.load(key, reused=False)
+        if env is None:
+            raise PackageFetchError(f"environment {key} vanished as it was published; try again")
+        log.info("environment.built", key=key, wheels=list(env.wheels), size_bytes=env.size_bytes)
+        return env
+
+    # -- reading, use and eviction ----------------------------------------------------------
+
+    def load(self, key: str, *, reused: bool) -> Environment | None:
+        """The published environment ``key``, or None if absent or its manifest does not hold
+        the key it is filed under (a half-copied or altered cache entry is not used)."""
+        if len(key) != 32 or not all(c in "0123456789abcdef" for c in key):
+            return None
+        try:
+            manifest = json.loads((self.envs / key / "manifest.json").read_text())
+            wheels = manifest["wheels"]
+            python, machine, glibc = manifest["target"]
+            target = Target(python=python, machine=machine, glibc=glibc)
+            if environment_key([(w["file"], w["sha256"]) for w in wheels], target) != key:
+                log.warning("environment.refused", key=key, reason="manifest does not match")
+                return None
+            return Environment(
+                key=key,
+                requirements=tuple(manifest["requirements"]),
+                wheels=tuple(f"{w['name']}-{w['version']}" for w in wheels),
+                size_bytes=int(manifest["size_bytes"]),
+                reused=reused,
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def import_checked(self, key: str) -> bool:
+        """No import check is needed for ``key``, or a sandbox has imported every top-level
+        module of the requirements without an error."""
+        try:
+            manifest = json.loads((self.envs / key / "manifest.json").read_text())
+            if not manifest.get("import_check", True):
+                return True
+        except (OSError, ValueError):
+            return False
+        return (self.directory / "used" / f"{key}.imports-ok").exists()
+
+    def mark_import_checked(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            (self.directory / "used" / f"{key}.imports-ok").touch()
+
+    def touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            (self.directory / "used" / key).touch()
+
+    @contextlib.contextmanager
+    def lease(self, key: str) -> Iterator[None]:
+        """While held, ``key`` is not evicted by this process."""
+        self._leases[key] = self._leases.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self._leases[key] -= 1
+            if not self._leases[key]:
+                del self._leases[key]
+
+    def hold(self, key: str) -> None:
+        """Keep ``key`` from eviction for this process's life (a sandbox uses it)."""
+        self._leases[key] = self._leases.get(key, 0) + 1
+
+    def evict(self, *, now: float | None = None) -> list[str]:
+        """Remove least recently used environments until the cache fits ``max_mb``; never one
+        used within :data:`EVICT_GRACE_S` or held by this process. The keys removed."""
+        now = time.time() if now is None else now
+        entries = []
+        for entry in os.scandir(self.envs):
+            env = self.load(entry.name, reused=True)
+            if env is None:
+                continue
+            if not entry.name.isalnum():
+                continue
+            try:
+                used = os.stat(self.directory / "used" / entry.name).st_mtime
+            except OSError:
+                used = 0.0
+            entries.append((used, entry.name, env.size_bytes))
+        total = sum(size for _, _, size in entries)
+        removed = []
+        for used, key, size in sorted(entries):
+            if total <= self.max_bytes:
+                break
+            if key in self._leases or now - used < EVICT_GRACE_S:
+                continue
+            gone = self.directory / "tmp" / f"evicted-{key}.{time.monotonic_ns()}"
+            try:
+                os.rename(self.envs / key, gone)  # out of sight at once, then deleted
+            except OSError:
+                continue
+            remove_tree(gone)
+            with contextlib.suppress(OSError):
+                os.unlink(self.directory / "used" / f"{key}.imports-ok")
+            total -= size
+            removed.append(key)
+            log.info("environment.evicted", key=key, size_bytes=size)
+        return removed
