@@ -400,3 +400,15 @@ def test_a_defined_name_and_a_list_give_their_settings() -> None:
         registry.define("../x", ["toml"])
     with pytest.raises(InvalidArgumentError, match="environment 'bad'"):
         registry.define("bad", ["toml"], preimport=["not a module"])
+
+
+def test_the_modules_of_the_requested_distributions_are_recorded(
+    store: EnvironmentStore, tmp_path: Path
+) -> None:
+    """The manifest lists the public top-level modules of the distributions asked for (from
+    RECORD when there is no top_level.txt), not those of their dependencies."""
+    files = {"asked_pkg/__init__.py": b"", "asked_extra.py": b"", "_private.py": b""}
+    asked = make_wheel(tmp_path, "Asked_Pkg", files=files)
+    dependency = make_wheel(tmp_path, "dep", files={"dep/__init__.py": b""})
+    env = build(store, [asked, dependency], requirements=("asked-pkg>=1",))
+    assert env.modules == ("asked_extra", "asked_pkg")

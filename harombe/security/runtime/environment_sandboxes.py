@@ -37,6 +37,7 @@ class Prepared:
     environment: Environment
     preimport: tuple[str, ...]
     pool_size: int
+    best_effort: bool = False  # a preimport that fails is skipped (a list's own modules)
 
 
 class Environments:
@@ -129,7 +130,10 @@ class Environments:
         env = await store.ensure(
             requirements, target=target, refresh=refresh, on_progress=on_progress
         )
-        prepared = Prepared(env, tuple(settings.preimport), settings.pool_size)
+        if isinstance(environment, str):
+            prepared = Prepared(env, tuple(settings.preimport), settings.pool_size)
+        else:  # a list: its requested distributions' modules, imported where they can be
+            prepared = Prepared(env, env.modules, settings.pool_size, best_effort=True)
         self.prepared[env.key] = prepared
         return prepared
 
@@ -140,7 +144,7 @@ class Environments:
         async with box.lock:
             await self._installs.link(box, env)  # no process: not a run
             if prepared.preimport and box.language == "python":
-                code = "".join(f"__import__({name!r})\n" for name in prepared.preimport)
+                code = _preimport_code(prepared)
                 done = await self._runs.run(
                     box, ["python3", "-"], code.encode(), language="python",
                     timeout_s=PREPARE_TIMEOUT_S, session=True,
@@ -154,3 +158,14 @@ class Environments:
                     )
         box.environment = env.key
         log.info("environment.prepared", sandbox_id=box.sandbox_id, key=env.key)
+
+
+def _preimport_code(prepared: Prepared) -> str:
+    """Imports of the preimport modules; best effort: each in a try, failures ignored."""
+    if not prepared.best_effort:
+        return "".join(f"__import__({name!r})\n" for name in prepared.preimport)
+    names = list(prepared.preimport)
+    if not names:
+        return ""
+    body = "    try:\n        __import__(_m)\n    except Exception:\n        pass\n"
+    return f"for _m in {names!r}:\n{body}del _m\n"

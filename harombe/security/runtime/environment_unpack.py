@@ -146,3 +146,35 @@ def make_read_only(tree: Path) -> None:
 
 def remove_tree(tree: Path) -> None:
     shutil.rmtree(tree, ignore_errors=True)
+
+
+def top_level_modules(site: Path, requirements: Sequence[str]) -> list[str]:
+    """The public top-level modules of the distributions ``requirements`` name (from each
+    one's ``top_level.txt``, else its ``RECORD``): what a sandbox of the set may preimport."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    wanted = set()
+    for text in requirements:
+        with contextlib.suppress(InvalidRequirement):
+            wanted.add(canonicalize_name(Requirement(text).name))
+    found: list[str] = []
+    for info in sorted(site.glob("*.dist-info")):
+        if canonicalize_name(info.name.removesuffix(".dist-info").rsplit("-", 1)[0]) not in wanted:
+            continue
+        paths = [line.split(",", 1)[0] for line in _read_lines(info / "RECORD")]
+        tops = {
+            p.split("/", 1)[0].removesuffix(".py") for p in paths if "/" in p or p[-3:] == ".py"
+        }
+        names = _read_lines(info / "top_level.txt") or sorted(tops)
+        found += [n for n in names if n.isidentifier() and not n.startswith("_") and n not in found]
+    return found
+
+
+def _read_lines(path: Path) -> list[str]:
+    try:
+        return [
+            line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()
+        ]
+    except OSError:
+        return []

@@ -49,6 +49,7 @@ from harombe.security.runtime.environment_unpack import (
     needs_import_check,
     remove_tree,
     sha256_of,
+    top_level_modules,
     tree_bytes,
     unpack_wheel,
 )
@@ -63,6 +64,7 @@ PTH_PREFIX = "harombe-env-"
 #: Environments used within this long are never evicted (a sandbox may be importing from one).
 EVICT_GRACE_S = 3600.0
 LOCK_POLL_S = 0.05
+MAX_MODULES = 50
 #: A request found in the cache is answered from memory for this long before disk is read
 #: again (the TTL, a rebuild elsewhere, an eviction).
 RECHECK_S = 10.0
@@ -85,6 +87,7 @@ class Environment:
     wheels: tuple[str, ...]  # "name-version" of each distribution, as pip prints them
     size_bytes: int
     reused: bool  # found in the cache (no download, no unpack)
+    modules: tuple[str, ...] = ()  # top-level modules of the requested distributions
 
     @property
     def site(self) -> str:
@@ -277,6 +280,7 @@ class EnvironmentStore:
                 "target": [target.python_version, target.machine, target.glibc],
                 "size_bytes": tree_bytes(stage),
                 "import_check": needs_import_check(stage, [w.name for w, _ in hashed]),
+                "modules": top_level_modules(stage / "site", requirements),
             }
             (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
             make_read_only(stage)
@@ -310,12 +314,16 @@ class EnvironmentStore:
             if environment_key([(w["file"], w["sha256"]) for w in wheels], target) != key:
                 log.warning("environment.refused", key=key, reason="manifest does not match")
                 return None
+            modules = manifest.get("modules")  # an entry built before they were recorded:
+            if not isinstance(modules, list):  # read them from its dist-info now
+                modules = top_level_modules(self.envs / key / "site", manifest["requirements"])
             return Environment(
                 key=key,
                 requirements=tuple(manifest["requirements"]),
                 wheels=tuple(f"{w['name']}-{w['version']}" for w in wheels),
                 size_bytes=int(manifest["size_bytes"]),
                 reused=reused,
+                modules=tuple(str(m) for m in modules)[:MAX_MODULES],
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None
