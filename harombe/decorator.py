@@ -12,8 +12,8 @@
     to_toml({"a": 1})     # "a = 1\n", computed in a sandbox that is removed afterwards
 
 The function, its arguments and keyword arguments cross by cloudpickle (closures, lambdas and
-local functions work); the return value comes back as plain data only (see
-:mod:`harombe.decorator_wire`: the host never fully unpickles what a sandbox sends). Each call
+local functions work); the return value comes back as plain data only, as tagged JSON (see
+:mod:`harombe.decorator_wire`: the host never unpickles what a sandbox sends). Each call
 gets a fresh sandbox from the warm pool, so two calls never see each other's globals or files,
 and it has the sandbox's clean environment, never the host's variables.
 
@@ -26,7 +26,7 @@ and it has the sandbox's clean environment, never the host's variables.
   ``error_type == "MemoryError"``.
 * ``timeout_sec``: the function's run (unpickling included) is stopped after it and
   :class:`~harombe.errors.SandboxTimeoutError` raised.
-* ``allow_network``: a list of host names (``"*.example.com"`` patterns allowed) that the
+* ``allow_network``: a list of domain names (``"*.example.com"`` patterns allowed) that the
   sandbox may reach through harombe's egress proxy; ``None`` or ``[]``: no network. ``True``
   is refused: list the domains.
 * ``disable_cache``: with dependencies, install them without the host's install cache: the
@@ -69,7 +69,7 @@ from harombe.security.policy.netpolicy import Allowlist
 from harombe.security.policy.package_specs import parse_spec
 
 F = TypeVar("F", bound=Callable[..., Any])
-_state_lock = threading.Lock()
+_state_lock = threading.RLock()  # reentrant: a signal handler may call in while it is held
 _runner: Runner | None = None
 _default_gate: HITLGate | None = None
 _config: HarombeConfig | None = None
@@ -114,7 +114,8 @@ def _check_gate(gate: object) -> None:
 def _number(name: str, value: object, *, low: float, high: float, whole: bool = False) -> float:
     kinds = (int,) if whole else (int, float)
     ok = isinstance(value, kinds) and not isinstance(value, bool)
-    if not ok or not math.isfinite(float(value)) or not low <= float(value) <= high:  # type: ignore[arg-type]
+    ok = ok and low <= value <= high  # type: ignore[operator]  # exact: no float(10**400)
+    if not ok or not math.isfinite(float(value)):  # type: ignore[arg-type]
         kind = "a whole number" if whole else "a number"
         raise InvalidArgumentError(f"{name} must be {kind} from {low:g} to {high:g}, got {value!r}")
     return float(value)  # type: ignore[arg-type]
@@ -146,10 +147,14 @@ def _domains(value: object) -> tuple[str, ...]:
             "allow_network=True would let the function reach every host; list the domains it "
             "needs instead, e.g. allow_network=['api.example.com', '*.example.org']"
         )
-    if isinstance(value, str) or not isinstance(value, Sequence):
+    if isinstance(value, str | bytes | bytearray) or not isinstance(value, list | tuple):
         raise InvalidArgumentError(
-            f"allow_network must be a list of host names, e.g. ['api.example.com'] "
+            f"allow_network must be a list of domain names, e.g. ['api.example.com'] "
             f"(got {type(value).__name__})"
+        )
+    if not all(isinstance(item, str) for item in value):
+        raise InvalidArgumentError(
+            "allow_network must be a list of domain names (strings), e.g. ['api.example.com']"
         )
     domains = tuple(value)
     try:
@@ -184,11 +189,15 @@ def _spec(fn: Callable[..., Any], options: dict[str, Any], *, is_async: bool) ->
     )
 
 
-def _prepare(spec: CallSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-    """The coroutine of one call, with the default gate filled in."""
+def _prepare(spec: CallSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> tuple[Runner, Any]:
+    """The runner one call is submitted to and the call's coroutine on it, with the default
+    gate filled in. The arguments are pickled first (that runs their code, which may call
+    configure()); the runner is then looked up once, so a call never spans two runners."""
+    data = dumps_call(fn, tuple(args), dict(kwargs))
     if spec.gate is None and _default_gate is not None:
         spec = dataclasses.replace(spec, gate=_default_gate)
-    return run_call(runner(), spec, dumps_call(fn, tuple(args), dict(kwargs)))
+    current = runner()
+    return current, run_call(current, spec, data)
 
 
 def _wrap(fn: F, options: dict[str, Any], *, force_async: bool) -> F:
@@ -198,15 +207,16 @@ def _wrap(fn: F, options: dict[str, Any], *, force_async: bool) -> F:
 
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            call = _prepare(spec, fn, args, kwargs)
-            return await asyncio.wrap_future(runner().submit(call))
+            current, call = _prepare(spec, fn, args, kwargs)
+            return await asyncio.wrap_future(current.submit(call))
 
         wrapper: Any = async_wrapper
     else:
 
         @functools.wraps(fn)
         def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-            return runner().call(_prepare(spec, fn, args, kwargs))
+            current, call = _prepare(spec, fn, args, kwargs)
+            return current.call(call)
 
         wrapper = sync_wrapper
     wrapper._is_sandboxed = True

@@ -15,7 +15,8 @@
    installed with ``SandboxManager.install_package``. A failure raises
    :class:`~harombe.errors.DependencyInstallError` naming the package.
 4. The pickled call (see :mod:`harombe.decorator_wire`) is written, the runner executed under
-   ``timeout_sec``, and the envelope read back and decoded without trusting it.
+   ``timeout_sec`` (capped to ``max_timeout_s``), and the answer read back and decoded without
+   trusting it (see :mod:`harombe.decorator_decode`).
 """
 
 from __future__ import annotations
@@ -28,14 +29,9 @@ from typing import Any
 
 import structlog
 
+from harombe.decorator_decode import loads_answer
 from harombe.decorator_runner import Runner
-from harombe.decorator_wire import (
-    CALL_PATH,
-    MAX_ERROR_CHARS,
-    RESULT_PATH,
-    restricted_loads,
-    runner_code,
-)
+from harombe.decorator_wire import CALL_PATH, MAX_ERROR_CHARS, RESULT_PATH, runner_code
 from harombe.errors import (
     DependencyInstallError,
     FileError,
@@ -135,10 +131,15 @@ async def run_call(runner: Runner, spec: CallSpec, call: bytes) -> Any:
         result = await manager.execute(sandbox_id, code, timeout_s=spec.timeout_s)
         used.add(result.sandbox_id)
         _forward_output(result)
-        _check_status(spec, result)
+        _check_status(spec, result, manager)
         try:
             answer = await manager.read_file(sandbox_id, RESULT_PATH)
         except FileError as err:
+            if "max_file_bytes" in str(err):  # only a forged answer: the runner checks its size
+                raise SerializationError(
+                    f"{spec.name}'s answer is over the sandbox's max_file_bytes of {cap}; "
+                    "return less data, or raise security.sandbox.limits.max_file_bytes"
+                ) from None
             raise _no_answer(result, str(err)) from None
     finally:
         runner.discard(manager, used)
@@ -164,11 +165,13 @@ def _forward_output(result: ExecutionResult) -> None:
         sys.stderr.write(result.stderr)
 
 
-def _check_status(spec: CallSpec, result: ExecutionResult) -> None:
+def _check_status(spec: CallSpec, result: ExecutionResult, manager: SandboxManager) -> None:
     if result.status == "timeout":
+        _, capped = manager.effective_timeout(spec.timeout_s)
+        how = capped[0] if capped else "raise timeout_sec if it needs longer"
         raise SandboxTimeoutError(
             f"TimeoutError: {spec.name} ran past its timeout of {result.timeout_s:g} s and was "
-            "stopped; raise timeout_sec if it needs longer",
+            f"stopped; {how}",
             error_type="TimeoutError",
         )
     if result.status == "oom":
@@ -198,7 +201,7 @@ def decode(spec: CallSpec, answer: bytes, cap: int) -> Any:
     it describes."""
     if len(answer) > cap:
         raise SerializationError(f"{spec.name}'s answer is {len(answer)} bytes, over {cap}")
-    envelope = restricted_loads(answer)
+    envelope = loads_answer(answer)
     kind = envelope.get("kind") if isinstance(envelope, dict) else None
     if kind == "return" and set(envelope) == {"kind", "value"}:
         return envelope["value"]
@@ -209,12 +212,13 @@ def decode(spec: CallSpec, answer: bytes, cap: int) -> Any:
         raise SandboxExecutionError(
             f"{error_type}: {message}\n{trace}", error_type=error_type, traceback_str=trace
         )
-    if kind in ("unpicklable", "too_large"):
+    if kind in ("unencodable", "too_large"):
         detail = f"{_text(envelope.get('message'))}{_text(envelope.get('bytes'))}"
         raise SerializationError(
             f"{spec.name} returned a {_text(envelope.get('type'))} that cannot cross back "
-            f"({kind.replace('_', ' ')}: {detail[:300]}); return plain data of at most "
-            f"{cap} bytes pickled"
+            f"({kind.replace('_', ' ')}: {detail[:300]}); return plain data (builtin scalars "
+            "and containers, datetimes, Decimal, Fraction, UUID, collections' OrderedDict, "
+            f"defaultdict, deque, Counter) of at most {cap} bytes encoded"
         )
     if kind == "version":
         inside = ".".join(_text(v) for v in envelope.get("version") or ())

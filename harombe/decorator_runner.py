@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -97,13 +98,24 @@ class Runner:
             if self._closed:
                 raise UsageError("the @sandbox runner was shut down; configure() makes a new one")
             if self._loop is None:
+                if sys.is_finalizing():
+                    raise UsageError(
+                        "a @sandbox function was first called while the interpreter is exiting "
+                        "(from an exit hook); call it before exit instead"
+                    )
+                try:  # the exit hook first: threading refuses it once the interpreter exits
+                    _register_exit(self.shutdown)
+                except RuntimeError as err:
+                    raise UsageError(
+                        f"a @sandbox function was first called while the interpreter is "
+                        f"exiting ({err}); call it before exit instead"
+                    ) from None
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
                     target=_run_forever, args=(loop,), name=THREAD_NAME, daemon=True
                 )
                 thread.start()
                 self._loop, self._thread = loop, thread
-                _register_exit(self.shutdown)
                 log.info("sandbox_decorator.loop_started")
             return self._loop
 
@@ -137,12 +149,20 @@ class Runner:
     ) -> SandboxManager:
         """The started manager for these limits (on the private loop), made once; with
         ``install_cache=False``, one whose installs bypass the host's install cache."""
+        self._check_open()
         key = (memory_mb, float(cpus), install_cache)
         task = self._managers.get(key)
         if task is None or (task.done() and (task.cancelled() or task.exception() is not None)):
             task = asyncio.ensure_future(self._start_manager(memory_mb, cpus, install_cache))
             self._managers[key] = task
         return await asyncio.shield(task)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError(
+                "the @sandbox runner was shut down (configure() or shutdown()) during this "
+                "call; call the function again"
+            )
 
     async def _start_manager(
         self, memory_mb: int, cpus: float, install_cache: bool
@@ -179,6 +199,7 @@ class Runner:
         """A prepared sandbox for one call: a ready one, else one prepared now (with network:
         always prepared now, with ``allowed_domains``). With ``dependencies``, a sandbox of
         that dependency environment (claimed from its pool; built on first use)."""
+        self._check_open()
         deps = tuple(dependencies)
         if allowed_domains:
             return await self._prepared(manager, allowed_domains, deps)

@@ -43,7 +43,7 @@ from harombe.mounts_host import (
     apply_changes,
     snapshot,
 )
-from harombe.mounts_scan import SCAN_SOURCE, checked_scan, plan_changes
+from harombe.mounts_scan import SCAN_SOURCE, checked_scan, plan_changes, refuse_writes
 from harombe.security.runtime.manager import SandboxManager
 from harombe.security.runtime.sandbox import MNT, ExecutionResult, Sandbox
 from harombe.security.runtime.tasks import settle
@@ -139,8 +139,8 @@ async def run_sandboxed_async(
     snap = None
     if mnt_dir is not None:
         snap = await asyncio.to_thread(snapshot, mnt_dir, limits)
-    if script_path is not None and snap is not None:
-        rel = posixpath.normpath(script_path)[len(MNT) + 1 :]
+    if isinstance(script_path, str) and snap is not None:
+        rel = posixpath.normpath(script_path)[len(MNT) + 1 :]  # below /mnt: checked above
         if rel not in snap.files:
             raise UsageError(f"script_path {script_path!r} is not a file in mnt_dir "
                              f"{snap.root!r}; put it there first")  # fmt: skip
@@ -172,9 +172,10 @@ def _language(code: object, script_path: object, language: str | None) -> str:
 def _check_script(script_path: object, *, has_mnt: bool) -> None:
     if script_path is None:
         return
-    if not isinstance(script_path, str) or not script_path.startswith(f"{MNT}/"):
+    normal = posixpath.normpath(script_path) if isinstance(script_path, str) else ""
+    if not normal.startswith(f"{MNT}/"):  # also '/mnt/../etc/passwd': it climbs out of /mnt
         raise UsageError(f"script_path must be a file under {MNT}, e.g. '{MNT}/code.py'; "
-                         f"got {str(script_path)[:80]!r}")  # fmt: skip
+                         f"got {str(script_path)[:80]!r}: give a path under {MNT}")  # fmt: skip
     if not has_mnt:
         raise UsageError("script_path names a file under /mnt: pass mnt_dir= (the host "
                          "directory that holds it) too")  # fmt: skip
@@ -217,7 +218,7 @@ async def _run(
             # Nothing larger than the channel carries in one frame (the config's limit).
             cap = min(limits.max_file_bytes, manager.limits.max_file_bytes)
             limits = dataclasses.replace(limits, max_file_bytes=cap)
-            changed = await _bring_back(manager, box, snap, limits, out)
+            changed = await _bring_back(manager, box, snap, limits, out, made=made)
         log.info("mounts.ran", sandbox_id=box.sandbox_id, status=out["status"],
                  changed=len(changed), refused=len(out["refused"]))  # fmt: skip
         return out, changed
@@ -268,36 +269,44 @@ async def _command(
 
 async def _bring_back(
     manager: SandboxManager, box: Sandbox, snap: Snapshot, limits: MountLimits,
-    out: dict[str, Any],
+    out: dict[str, Any], *, made: list[str],
 ) -> list[dict[str, Any]]:  # fmt: skip
     """Scan ``/mnt``, fetch what changed, apply it to the host directory; ``out`` gets the
-    refusals (or ``mount_error``). Returns the applied changes."""
+    refusals (or ``mount_error``: nothing was applied). Returns the applied changes. A
+    sandbox the manager started in place of a lost one is added to ``made``."""
     try:
-        entries = await _scan(manager, box, limits)
+        entries = await _scan(manager, box, limits, made=made)
         plan = plan_changes(snap, entries, limits)
-        contents = await _fetch(manager, box, plan)
+        contents = await _fetch(manager, box, snap, plan)
+        changed, refused = await asyncio.to_thread(apply_changes, snap, plan, contents)
     except MountError as exc:
         out["mount_error"] = str(exc)
         return []
-    changed, refused = await asyncio.to_thread(apply_changes, snap, plan, contents)
     out["refused"] = refused
     return changed
 
 
-async def _scan(manager: SandboxManager, box: Sandbox, limits: MountLimits) -> list[dict[str, Any]]:
+async def _scan(
+    manager: SandboxManager, box: Sandbox, limits: MountLimits, *, made: list[str]
+) -> list[dict[str, Any]]:
     name = f".harombe-scan-{secrets.token_hex(6)}.json"
     code = f"{SCAN_SOURCE}\n_harombe_scan_mnt('/tmp/{name}', {limits.max_entries})\n"
     # The session interpreter: warm in a pooled Python sandbox, so no interpreter start-up.
     result = await manager.execute(box.sandbox_id, code, language="python", fresh=False,
                                    timeout_s=SCAN_TIMEOUT_S, output_mode="full")  # fmt: skip
+    made.append(result.sandbox_id)  # a replacement for a lost sandbox is removed too
     if result.sandbox_id != box.sandbox_id or not result.success:
         why = (result.stderr.strip() or result.error or result.status)[-300:]
         raise MountError(f"the scan of /mnt after the run failed ({why}); nothing was applied")
-    async with box.lock:
-        _, data = await manager.files.request(
-            box, {"op": "read", "root": "/tmp", "path": name,
-                  "max_bytes": min(MAX_SCAN_BYTES, manager.limits.max_file_bytes)},
-        )  # fmt: skip
+    try:
+        async with box.lock:
+            _, data = await manager.files.request(
+                box, {"op": "read", "root": "/tmp", "path": name,
+                      "max_bytes": min(MAX_SCAN_BYTES, manager.limits.max_file_bytes)},
+            )  # fmt: skip
+    except HarombeError as exc:  # the code subverted the scan: no answer, or one too large
+        raise MountError(f"the scan of /mnt after the run left no readable answer ({exc}); "
+                         "nothing was applied") from None  # fmt: skip
     try:
         raw = json.loads(data)
     except ValueError:
@@ -305,10 +314,14 @@ async def _scan(manager: SandboxManager, box: Sandbox, limits: MountLimits) -> l
     return checked_scan(raw, limits)
 
 
-async def _fetch(manager: SandboxManager, box: Sandbox, plan: Plan) -> dict[str, bytes]:
+async def _fetch(
+    manager: SandboxManager, box: Sandbox, snap: Snapshot, plan: Plan
+) -> dict[str, bytes]:
     """The bytes of every file ``plan`` writes, read through the supervisor (which never
-    blocks on a FIFO); one that changed since the scan is refused instead."""
+    blocks on a FIFO); one that changed since the scan is refused instead, and the host's
+    entries it would have replaced are kept."""
     contents: dict[str, bytes] = {}
+    refused: dict[str, str] = {}
     for path, entry in list(plan.writes.items()):
         async with box.lock:
             msg = {"op": "read", "root": MNT, "path": path, "max_bytes": entry["size"]}
@@ -321,6 +334,6 @@ async def _fetch(manager: SandboxManager, box: Sandbox, plan: Plan) -> dict[str,
             continue
         if data is not None:
             reason = "changed while it was being copied back"
-        del plan.writes[path]
-        plan.refused.append({"path": path, "change": entry["change"], "reason": reason})
+        refused[path] = reason
+    refuse_writes(plan, snap, refused)
     return contents

@@ -30,6 +30,10 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 TEMP_PREFIX = ".harombe-mnt-"
+#: The most names a path below ``mnt_dir`` may have, both ways (``a/b`` has two).
+MAX_DEPTH = 256
+#: The longest path below ``mnt_dir`` (characters) that comes back from ``/mnt``.
+MAX_PATH_CHARS = 4096
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,8 @@ def _join(parent: str, name: str) -> str:
 def snapshot(mnt_dir: str | os.PathLike[str], limits: MountLimits) -> Snapshot:
     """Read ``mnt_dir`` (regular files and directories only) into a :class:`Snapshot`;
     :class:`MountError` for a missing directory, a symlink, a special file, an undecodable
-    name, or a directory over ``limits``."""
+    name, an unreadable entry, a path more than :data:`MAX_DEPTH` names deep, or a directory
+    over ``limits``."""
     root = os.path.realpath(os.fspath(mnt_dir))
     try:
         fd = os.open(root, DIR_FLAGS)
@@ -95,11 +100,14 @@ def snapshot(mnt_dir: str | os.PathLike[str], limits: MountLimits) -> Snapshot:
         raise MountError(f"mnt_dir {root!r} does not exist; create it first") from None
     except NotADirectoryError:
         raise MountError(f"mnt_dir {root!r} is not a directory; pass a directory") from None
+    except OSError as exc:
+        raise MountError(f"mnt_dir {root!r} cannot be opened ({exc.strerror}); make it "
+                         "readable") from None  # fmt: skip
     try:
         st = os.fstat(fd)
         snap = Snapshot(root=root, root_id=(st.st_dev, st.st_ino))
         packer = _Packer()
-        _read_dir(fd, "", snap, packer, limits)
+        _walk(fd, snap, packer, limits)
         snap.archives = packer.finish()
     finally:
         os.close(fd)
@@ -132,41 +140,79 @@ class _Packer:
         return [*self.done, last]
 
 
-def _read_dir(fd: int, rel: str, snap: Snapshot, tar: _Packer, limits: MountLimits) -> None:
-    with os.scandir(fd) as it:
-        names = sorted(entry.name for entry in it)
-    for name in names:
-        path = _join(rel, name)
-        _check_name(path, snap.root)
-        if len(snap.files) + len(snap.dirs) >= limits.max_entries:
-            raise MountError(
-                f"mnt_dir {snap.root!r} has more than max_entries={limits.max_entries} "
-                "files and directories; copy in less"
-            )
+def _walk(root_fd: int, snap: Snapshot, tar: _Packer, limits: MountLimits) -> None:
+    """Read the tree below ``root_fd`` depth first, parents before children, without
+    recursion (a tree of any depth ends in a :class:`MountError`, never a crash)."""
+    stack = [(os.dup(root_fd), "", iter(_listing(root_fd, "", snap)))]
+    try:
+        while stack:
+            fd, rel, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+                os.close(fd)
+                continue
+            path = _join(rel, name)
+            sub = _read_entry(fd, name, path, snap, tar, limits)
+            if sub is not None:
+                stack.append((sub, path, iter(())))  # closed by the finally, also on an error
+                stack[-1] = (sub, path, iter(_listing(sub, path, snap)))
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def _listing(fd: int, rel: str, snap: Snapshot) -> list[str]:
+    try:
+        with os.scandir(fd) as it:
+            return sorted(entry.name for entry in it)
+    except OSError as exc:
+        raise _unreadable(snap, rel, exc) from None
+
+
+def _unreadable(snap: Snapshot, rel: str, exc: OSError) -> MountError:
+    where = os.path.join(snap.root, _shown(rel)) if rel else snap.root
+    return MountError(f"{where!r} cannot be read ({exc.strerror or exc}); it may have "
+                      "changed while being read: try again, or make it readable")  # fmt: skip
+
+
+def _shown(path: str) -> str:
+    """``path`` for a message: a very long one cut in the middle."""
+    return path if len(path) <= 200 else f"{path[:100]}…{path[-100:]}"
+
+
+def _read_entry(fd: int, name: str, path: str, snap: Snapshot, tar: _Packer,
+                limits: MountLimits) -> int | None:  # fmt: skip
+    """Add ``name`` (in directory ``fd``) to ``snap`` and the tar; a descriptor of it if it
+    is a directory (to walk next), else None."""
+    _check_name(path, snap.root)
+    if path.count("/") >= MAX_DEPTH:
+        raise MountError(f"{os.path.join(snap.root, _shown(path))!r} is more than {MAX_DEPTH} "
+                         "directories deep; move it higher up or out of mnt_dir")  # fmt: skip
+    if len(snap.files) + len(snap.dirs) >= limits.max_entries:
+        raise MountError(f"mnt_dir {snap.root!r} has more than max_entries="
+                         f"{limits.max_entries} files and directories; copy in less")  # fmt: skip
+    try:
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             snap.dirs.add(path)
             tar.add(_member(path, tarfile.DIRTYPE, 0o755, 0))
-            sub = os.open(name, DIR_FLAGS, dir_fd=fd)
-            try:
-                _read_dir(sub, path, snap, tar, limits)
-            finally:
-                os.close(sub)
-        elif stat.S_ISREG(st.st_mode):
-            data, st = _read_file(fd, name, path, snap, limits)
-            mode = 0o755 if st.st_mode & 0o100 else 0o644
-            digest = hashlib.sha256(data).hexdigest()
-            snap.files[path] = HostFile(
-                len(data), digest, stat.S_IMODE(st.st_mode), st.st_ino, st.st_mtime_ns
-            )
-            snap.size_bytes += len(data)
-            tar.add(_member(path, tarfile.REGTYPE, mode, len(data)), data)
-        else:
+            return os.open(name, DIR_FLAGS, dir_fd=fd)  # walked next, closed by _walk
+        if not stat.S_ISREG(st.st_mode):
             what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "a special file"
-            raise MountError(
-                f"{os.path.join(snap.root, path)!r} is {what}; only regular files and "
-                "directories are copied into /mnt: replace it with a copy or move it out"
-            )
+            raise MountError(f"{os.path.join(snap.root, path)!r} is {what}; only regular "
+                             "files and directories are copied into /mnt: replace it with a "
+                             "copy or move it out")  # fmt: skip
+        data, st = _read_file(fd, name, path, snap, limits)
+    except OSError as exc:
+        raise _unreadable(snap, path, exc) from None
+    digest = hashlib.sha256(data).hexdigest()
+    snap.files[path] = HostFile(len(data), digest, stat.S_IMODE(st.st_mode), st.st_ino,
+                                st.st_mtime_ns)  # fmt: skip
+    snap.size_bytes += len(data)
+    mode = 0o755 if st.st_mode & 0o100 else 0o644
+    tar.add(_member(path, tarfile.REGTYPE, mode, len(data)), data)
+    return None
 
 
 def _check_name(path: str, root: str) -> None:
@@ -185,7 +231,8 @@ def _read_file(
     try:
         st = os.fstat(file_fd)
         if not stat.S_ISREG(st.st_mode):  # swapped since the stat: refuse, never block
-            raise MountError(f"{os.path.join(snap.root, path)!r} changed while being read")
+            raise MountError(f"{os.path.join(snap.root, path)!r} changed while being read; "
+                             "try again")  # fmt: skip
         with os.fdopen(os.dup(file_fd), "rb") as f:
             data = f.read(cap + 1)
     finally:
@@ -209,38 +256,57 @@ def apply_changes(
     snap: Snapshot, plan: Plan, contents: dict[str, bytes]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Apply ``plan`` to the host directory: deletions (files, then directories, deepest
-    first), new directories, then files written from ``contents``. Each change is applied or
-    refused on its own (a host entry changed during the run is kept, never overwritten);
-    returns ``(changed_files, refused)``, the changes applied and those that were not."""
+    first), new directories (parents first), then files written from ``contents``. Each
+    change is applied or refused on its own (a host entry changed during the run is kept,
+    never overwritten; a file whose directory is not there is refused, never makes it);
+    returns ``(changed_files, refused)``, the changes applied and those that were not.
+    :class:`MountError` (before any change) if ``mnt_dir`` is gone or was replaced."""
     try:
         root_fd = os.open(snap.root, DIR_FLAGS)
     except OSError as exc:
         raise MountError(f"mnt_dir {snap.root!r} cannot be opened after the run "
                          f"({exc.strerror}); nothing was applied") from None  # fmt: skip
-    changed: list[dict[str, Any]] = []
-    refused = list(plan.refused)
     try:
         st = os.fstat(root_fd)
         if (st.st_dev, st.st_ino) != snap.root_id:
             raise MountError(f"mnt_dir {snap.root!r} was replaced during the run; nothing "
                              "was applied")  # fmt: skip
-        steps = [(p, "deleted", "file") for p in plan.deleted_files]
-        steps += [(p, "deleted", "directory") for p in plan.deleted_dirs]
-        steps += [(p, "created", "directory") for p in plan.created_dirs]
-        steps += [(p, "modified" if p in snap.files else "created", "file") for p in plan.writes]
-        for path, change, kind in steps:
-            try:
-                new_mode = 0o755 if plan.writes.get(path, {}).get("mode", 0) & 0o100 else 0o644
-                size = _apply_one(root_fd, snap, path, change, kind,
-                                  contents.get(path, b""), new_mode)  # fmt: skip
-            except (OSError, _Kept) as exc:
-                why = exc.reason if isinstance(exc, _Kept) else _os_reason(exc)
-                refused.append({"path": path, "change": change, "reason": why})
-                continue
-            changed.append({"path": path, "change": change, "type": kind, "size_bytes": size})
+        return _apply_steps(root_fd, snap, plan, contents)
     finally:
         os.close(root_fd)
+
+
+def _apply_steps(
+    root_fd: int, snap: Snapshot, plan: Plan, contents: dict[str, bytes]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every step of ``plan``, in order; one that fails is refused, and the rest go on."""
+    steps = [(p, "deleted", "file", 0) for p in plan.deleted_files]
+    steps += [(p, "deleted", "directory", 0) for p in plan.deleted_dirs]
+    steps += [(p, "created", "directory", 0) for p in plan.created_dirs]
+    steps += [(p, "modified" if p in snap.files else "created", "file", _new_mode(entry))
+              for p, entry in plan.writes.items()]  # fmt: skip
+    changed: list[dict[str, Any]] = []
+    refused = list(plan.refused)
+    for path, change, kind, new_mode in steps:
+        try:
+            size = _apply_one(root_fd, snap, path, change, kind, contents.get(path, b""),
+                              new_mode)  # fmt: skip
+        except (OSError, _Kept) as exc:
+            why = exc.reason if isinstance(exc, _Kept) else _os_reason(exc)
+            refused.append({"path": path, "change": change, "reason": why})
+            continue
+        except Exception as exc:  # noqa: BLE001 (one change refused; the others still apply)
+            refused.append({"path": path, "change": change,
+                            "reason": f"could not be applied ({type(exc).__name__})"})  # fmt: skip
+            continue
+        changed.append({"path": path, "change": change, "type": kind, "size_bytes": size})
     return changed, refused
+
+
+def _new_mode(entry: dict[str, Any]) -> int:
+    """The mode of a new file: executable (0755) if the sandbox's file was, else 0644."""
+    mode = entry.get("mode")
+    return 0o755 if type(mode) is int and mode & 0o100 else 0o644
 
 
 class _Kept(MountError):
@@ -254,13 +320,15 @@ class _Kept(MountError):
 def _os_reason(exc: OSError) -> str:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return "a directory on its path is a symbolic link or not a directory on the host"
+    if exc.errno == errno.ENOENT:
+        return "it or its directory is not there on the host (removed during the run?)"
     return f"{exc.strerror or exc}"
 
 
 def _apply_one(root_fd: int, snap: Snapshot, path: str, change: str, kind: str,
                data: bytes, new_mode: int) -> int:  # fmt: skip
     parent, name = os.path.split(path)
-    dir_fd = _open_dir(root_fd, parent, create=change != "deleted")
+    dir_fd = _open_dir(root_fd, parent)
     try:
         if kind == "directory" and change == "deleted":
             os.rmdir(name, dir_fd=dir_fd)
@@ -291,19 +359,14 @@ def _same(old: HostFile, now: os.stat_result) -> bool:
             and now.st_size == old.size_bytes and now.st_mtime_ns == old.mtime_ns)  # fmt: skip
 
 
-def _open_dir(root_fd: int, rel: str, *, create: bool) -> int:
+def _open_dir(root_fd: int, rel: str) -> int:
     """A descriptor of directory ``rel`` below ``root_fd``, walked one name at a time with
-    ``O_NOFOLLOW`` (made when missing and ``create``); ``OSError`` if a name is a link."""
+    ``O_NOFOLLOW``; ``OSError`` if a name is missing, a link or not a directory (a change's
+    directory is never made here: new directories are steps of their own, applied first)."""
     fd = os.dup(root_fd)
     for name in [p for p in rel.split("/") if p]:
         try:
-            try:
-                sub = os.open(name, DIR_FLAGS, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(name, 0o755, dir_fd=fd)
-                sub = os.open(name, DIR_FLAGS, dir_fd=fd)
+            sub = os.open(name, DIR_FLAGS, dir_fd=fd)
         finally:
             os.close(fd)
         fd = sub
@@ -319,7 +382,7 @@ def _replace(dir_fd: int, name: str, data: bytes, mode: int) -> None:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
-            os.fchmod(fd, mode & 0o7777)
+            os.fchmod(fd, mode & 0o777)  # never setuid, setgid or sticky
         finally:
             os.close(fd)
         os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

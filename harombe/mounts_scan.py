@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from harombe.errors import MountError
-from harombe.mounts_host import MountLimits, Plan, Snapshot
+from harombe.mounts_host import MAX_DEPTH, MAX_PATH_CHARS, MountLimits, Plan, Snapshot
 
-__all__ = ["SCAN_SOURCE", "checked_scan", "plan_changes"]
+__all__ = ["SCAN_SOURCE", "checked_scan", "plan_changes", "refuse_writes"]
 
 #: What the in-sandbox scan may call an entry; all but ``file`` and ``dir`` are refused.
 KINDS = {"file", "dir", "symlink", "fifo", "socket", "char device", "block device", "other",
@@ -23,6 +23,10 @@ REFUSED_KINDS = {
     "block device": "a block device",
     "other": "not a regular file or directory",
 }
+TOO_DEEP = (f"its path is more than {MAX_DEPTH} names deep or {MAX_PATH_CHARS} characters "
+            "long: not copied back, nor anything below it")  # fmt: skip
+#: The fields of a scan's entry that the host keeps (anything else in it is dropped).
+FIELDS = ("path", "type", "size", "links", "mode", "sha256")
 
 #: Runs in the sandbox's Python session interpreter after the code (whose processes are gone
 #: by then), as the sandbox user: lists ``/mnt`` without following links, hashes regular
@@ -85,7 +89,9 @@ def _harombe_scan_mnt(out, cap):
 
 def checked_scan(raw: object, limits: MountLimits) -> list[dict[str, Any]]:
     """The in-sandbox scan's entries, checked field by field (they come from inside the
-    sandbox); :class:`MountError` for anything outside the format or over ``max_entries``."""
+    sandbox); :class:`MountError` for anything outside the format or over ``max_entries``.
+    An entry whose path is more than :data:`MAX_DEPTH` names deep or :data:`MAX_PATH_CHARS`
+    characters long comes back as type ``too deep`` (refused by :func:`plan_changes`)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("entries"), list):
         raise MountError("the scan of /mnt came back malformed; nothing was applied")
     if raw.get("truncated") is not False or len(raw["entries"]) > limits.max_entries:
@@ -93,18 +99,25 @@ def checked_scan(raw: object, limits: MountLimits) -> list[dict[str, Any]]:
                          "directories after the run; nothing was applied")  # fmt: skip
     entries = []
     for entry in raw["entries"]:
-        if not isinstance(entry, dict) or not _valid_path(entry.get("path")):
+        if not isinstance(entry, dict) or not _valid_entry(entry):
             raise MountError(f"the scan of /mnt has a malformed entry {str(entry)[:120]}; "
                              "nothing was applied")  # fmt: skip
-        kind, size, links, digest = (entry.get(k) for k in ("type", "size", "links", "sha256"))
-        ok = kind in KINDS and type(size) is int and size >= 0 and type(links) is int
-        if kind == "file":
-            ok = ok and isinstance(digest, str) and len(digest) == 64
-        if not ok:
-            raise MountError(f"the scan of /mnt has a malformed entry {str(entry)[:120]}; "
-                             "nothing was applied")  # fmt: skip
-        entries.append(entry)
+        kept = {key: entry[key] for key in FIELDS if key in entry}
+        path = kept["path"]
+        if path.count("/") >= MAX_DEPTH or len(path) > MAX_PATH_CHARS:
+            kept["type"] = "too deep"
+        entries.append(kept)
     return entries
+
+
+def _valid_entry(entry: dict[Any, Any]) -> bool:
+    kind, size, links, mode = (entry.get(k) for k in ("type", "size", "links", "mode"))
+    ok = _valid_path(entry.get("path")) and kind in KINDS and type(size) is int and size >= 0
+    ok = ok and type(links) is int and type(mode) is int and 0 <= mode <= 0o7777
+    if kind == "file":
+        digest = entry.get("sha256")
+        ok = ok and isinstance(digest, str) and len(digest) == 64
+    return ok
 
 
 def _valid_path(path: object) -> bool:
@@ -115,44 +128,81 @@ def _valid_path(path: object) -> bool:
 
 def plan_changes(snap: Snapshot, entries: list[dict[str, Any]], limits: MountLimits) -> Plan:
     """Compare the scan of ``/mnt`` after the run with the directory before it. Links, hard
-    links and special files are refused (a host file at the same path is kept), and so are
-    files past ``max_file_bytes`` or the ``max_bytes`` budget of what comes back."""
+    links and special files are refused (the host's entries at and below that path are
+    kept), and so are files past ``max_file_bytes`` or the ``max_bytes`` budget of what comes
+    back, paths too deep, and entries whose directory is not a directory in the scan. What
+    is below a refused entry is not looked at (the refusal covers it)."""
     plan, kept = Plan(), set()
     files = {e["path"] for e in entries if e["type"] == "file"}
     dirs = {e["path"] for e in entries if e["type"] == "dir"}
     budget = limits.max_bytes
-    for entry in sorted(entries, key=lambda e: str(e["path"])):
+    for entry in sorted(entries, key=lambda e: str(e["path"])):  # parents before children
         path, kind = entry["path"], entry["type"]
-        if kind == "dir" and _utf8(path):
-            if path not in snap.dirs:
-                plan.created_dirs.append(path)
+        parent = path.rpartition("/")[0]
+        if parent in kept:
+            kept.add(path)
             continue
         old = snap.files.get(path)
         if kind == "file" and old is not None and old.sha256 == entry["sha256"]:
             continue  # unchanged (also when hard-linked inside: nothing comes back)
-        change = "created" if old is None else "modified"
         reason = _refusal(entry, budget, limits)
+        if reason is None and parent and parent not in dirs:
+            reason = "its directory is not a directory in the scan of /mnt"
         if reason is not None:
-            plan.refused.append({"path": path, "change": change, "reason": reason})
+            plan.refused.append({"path": path, "change": "created" if old is None
+                                 else "modified", "reason": reason})  # fmt: skip
             kept.add(path)
-            continue
-        budget -= entry["size"]
-        plan.writes[path] = {**entry, "change": change}
-    for path in sorted(set(snap.files) - files, reverse=True):
-        if not _under_any(path, kept):
-            plan.deleted_files.append(path)
-    for path in sorted(snap.dirs - dirs, reverse=True):
-        if not _under_any(path, kept):
-            plan.deleted_dirs.append(path)
+        elif kind == "dir":
+            if path not in snap.dirs:
+                plan.created_dirs.append(path)
+        else:
+            budget -= entry["size"]
+            plan.writes[path] = {**entry, "change": "created" if old is None else "modified"}
+    _plan_deletions(plan, snap, files, dirs, kept)
     return plan
+
+
+def _plan_deletions(plan: Plan, snap: Snapshot, files: set[str], dirs: set[str],
+                    kept: set[str]) -> None:  # fmt: skip
+    """The host's files and directories gone from ``/mnt``, deepest first, but for those at
+    or below a refused path."""
+    covered = _covered(snap, kept)
+    plan.deleted_files = sorted(set(snap.files) - files - covered, reverse=True)
+    plan.deleted_dirs = sorted(snap.dirs - dirs - covered, reverse=True)
+
+
+def refuse_writes(plan: Plan, snap: Snapshot, refused: dict[str, str]) -> None:
+    """Take the writes of ``refused`` (path → reason, found when their bytes were fetched)
+    out of ``plan``: the host's entries at and below each such path are kept, none deleted."""
+    for path, reason in refused.items():
+        entry = plan.writes.pop(path)
+        plan.refused.append({"path": path, "change": entry["change"], "reason": reason})
+    covered = _covered(snap, set(refused))
+    plan.deleted_files = [p for p in plan.deleted_files if p not in covered]
+    plan.deleted_dirs = [p for p in plan.deleted_dirs if p not in covered]
+
+
+def _covered(snap: Snapshot, kept: set[str]) -> set[str]:
+    """The host's paths at or below one in ``kept`` (one pass: the snapshot holds every
+    directory of every path it holds, and a parent sorts before its children)."""
+    covered: set[str] = set()
+    if kept:
+        for path in sorted({*snap.files, *snap.dirs}):
+            if path in kept or path.rpartition("/")[0] in covered:
+                covered.add(path)
+    return covered
 
 
 def _refusal(entry: dict[str, Any], budget: int, limits: MountLimits) -> str | None:
     kind, size = entry["type"], entry["size"]
     if not _utf8(entry["path"]):
         return "its name is not valid UTF-8: rename it in the code"
+    if kind == "too deep":
+        return TOO_DEEP
     if kind in REFUSED_KINDS:
         return f"{REFUSED_KINDS[kind]}: only regular files and directories are copied back"
+    if kind == "dir":
+        return None
     if entry["links"] > 1:
         return "a hard link (a file with more than one name): not copied back"
     if size > limits.max_file_bytes:
@@ -168,8 +218,3 @@ def _utf8(path: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
-
-
-def _under_any(path: str, kept: set[str]) -> bool:
-    parts = path.split("/")
-    return any("/".join(parts[:i]) in kept for i in range(1, len(parts) + 1))

@@ -26,7 +26,7 @@ from harombe.cli.common import (
     started_manager,
     with_limits,
 )
-from harombe.cli.run_mnt import check_mnt, mnt_report, run_mounted
+from harombe.cli.run_mnt import check_mnt, mnt_exit_code, mnt_report, run_mounted
 from harombe.cli.screen import RESET, PlainText
 from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import HarombeError, UsageError
@@ -63,7 +63,8 @@ Exit codes:
   {EXIT_INTERRUPTED}                  interrupted (Ctrl-C)
   {EXIT_BROKEN_PIPE}                  its output's reader went away (`harombe run x | head`)
   128+N                harombe got SIGTERM (143) or SIGHUP (129); the sandbox is removed
-  1                    harombe could not run it (Docker, image, sandbox lost, not approved)
+  1                    harombe could not run it (Docker, image, sandbox lost, not approved),
+                       or with --mnt, it ran but its changes could not be brought back
   2                    bad usage (options, config file, unreadable FILE)
 
 The person who runs this command chose the program, so the HITL gate asks only when the
@@ -363,6 +364,6 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         message = message_of(result)
         if message:
             say_error(NAME, message)
-        return exit_code_of(result)
+        return mnt_exit_code(result, exit_code_of(result))
 
     return run_async(main)

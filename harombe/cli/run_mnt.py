@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from harombe.cli.common import started_manager
+from harombe.cli.common import EXIT_ERROR, started_manager
 from harombe.config import HarombeConfig
 from harombe.errors import UsageError
 
@@ -49,3 +49,10 @@ def mnt_report(result: Mapping[str, Any]) -> list[str]:
     if result.get("mount_error"):
         lines.append(f"mnt: {result['mount_error']}")
     return lines
+
+
+def mnt_exit_code(result: Mapping[str, Any], code: int) -> int:
+    """The exit code of a run: ``code`` (the program's), but 1 (harombe's own failure) when
+    the program succeeded and what it changed in ``/mnt`` could not be brought back
+    (``mount_error``, said on stderr by :func:`mnt_report`)."""
+    return EXIT_ERROR if code == 0 and result.get("mount_error") else code

@@ -238,7 +238,7 @@ def test_a_missing_dependency_names_the_package() -> None:
         never()
 
 
-def test_an_unpicklable_return_value_is_a_serialization_error() -> None:
+def test_a_return_value_that_is_not_plain_data_is_a_serialization_error() -> None:
     """A return value that cannot cross (a lambda) is a SerializationError, not a crash."""
     with pytest.raises(SerializationError, match="function"):
         sandbox()(lambda: (lambda: 1))()

@@ -141,7 +141,8 @@ BASE = {"harombe.config", "harombe.config_environments", "harombe.config_service
 TOP = {"harombe", "harombe.__main__", "harombe.security", "harombe.mounts", "harombe.mounts_host",
        "harombe.mounts_scan",
        "harombe.decorator", "harombe.decorator_call", "harombe.decorator_runner",
-       "harombe.decorator_wire"}  # fmt: skip
+       "harombe.decorator_wire", "harombe.decorator_encode",
+       "harombe.decorator_decode"}  # fmt: skip
 #: What runtime may take from guest: the joined source text, and the wire codec it shares.
 RUNTIME_GUEST = {"harombe.security.guest", "harombe.security.guest.wire"}
 

@@ -17,6 +17,7 @@ import pytest
 from harombe import decorator
 from harombe.config import parse_config
 from harombe.decorator_call import CallSpec, uses_install_cache
+from harombe.decorator_encode import answer, envelope
 from harombe.decorator_runner import Runner
 from harombe.decorator_wire import CALL_PATH, RESULT_PATH
 from harombe.errors import (
@@ -43,7 +44,8 @@ from harombe.testing import (
 
 BAD_OPTIONS = {
     "network-true": ({"allow_network": True}, InvalidArgumentError, "list the domains"),
-    "network-str": ({"allow_network": "example.com"}, InvalidArgumentError, "list of host"),
+    "network-str": ({"allow_network": "example.com"}, InvalidArgumentError, "list of domain"),
+    "network-bytes": ({"allow_network": b"example.com"}, InvalidArgumentError, "list of domain"),
     "network-url": ({"allow_network": ["https://x.com/a"]}, InvalidArgumentError, "bare host"),
     "network-ip": ({"allow_network": ["10.0.0.1"]}, InvalidArgumentError, "IP address"),
     "deps-str": ({"dependencies": "pandas"}, InvalidArgumentError, "list of pip"),
@@ -189,11 +191,11 @@ class FakeRunnerGuest:
             return RunOutcome()
         fn, args, kwargs = pickle.loads(guest.files[f"/workspace/{CALL_PATH}"])
         try:
-            envelope = {"kind": "return", "value": fn(*args, **kwargs)}
+            data = answer(fn(*args, **kwargs), 1 << 20)
         except Exception as exc:  # noqa: BLE001 - the runner reports every exception
-            envelope = {"kind": "raise", "error_type": type(exc).__name__,
-                        "message": str(exc), "traceback": "Traceback: fake\n"}  # fmt: skip
-        guest.files[f"/workspace/{RESULT_PATH}"] = pickle.dumps(envelope, protocol=5)
+            data = envelope({"kind": "raise", "error_type": type(exc).__name__,
+                             "message": str(exc), "traceback": "Traceback: fake\n"})  # fmt: skip
+        guest.files[f"/workspace/{RESULT_PATH}"] = data
         return RunOutcome(stdout="from inside\n")
 
 
@@ -281,9 +283,10 @@ def test_timeouts_memory_and_exits_map_to_errors(
 def test_a_forged_answer_is_refused_on_the_host(
     fake: tuple[FakeRunnerGuest, FakeDocker], tmp_path: Any
 ) -> None:
-    """A sandbox that writes an os.system pickle as its answer gets SerializationError."""
+    """A sandbox that writes an os.system pickle as its answer gets SerializationError: the
+    answer must be JSON, so nothing in it is unpickled."""
     fake[0].mode = "forged"
-    with pytest.raises(SerializationError, match=r"os\.system"):
+    with pytest.raises(SerializationError, match="not valid JSON"):
         decorator.sandbox()(_plain)(1)
 
 
@@ -372,3 +375,14 @@ def test_a_manager_without_the_install_cache(fake: tuple[FakeRunnerGuest, FakeDo
     assert manager.config.security.sandbox.install_cache.enabled is False
     default = runner.call(runner.manager(1024, 1.0))
     assert default is not manager and default.config.security.sandbox.install_cache.enabled
+
+
+def test_a_closed_runner_hands_out_no_manager_or_sandbox() -> None:
+    """After shutdown(), manager() and claim() refuse: a call that raced configure() starts
+    no manager and claims no sandbox that nothing would remove."""
+    closed = Runner(docker_factory=FakeDocker)
+    closed.shutdown()
+    with pytest.raises(UsageError, match="shut down"):
+        asyncio.run(closed.manager(256, 1.0))
+    with pytest.raises(UsageError, match="shut down"):
+        asyncio.run(closed.claim(None))  # type: ignore[arg-type]

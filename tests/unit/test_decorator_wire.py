@@ -1,11 +1,10 @@
 """The ``@sandbox`` wire without Docker: what crosses into a sandbox (cloudpickle), the runner
-the sandbox executes (run here in a child interpreter), and the restricted unpickler that
-reads a hostile sandbox's answer on the host."""
+the sandbox executes (run here in a child interpreter), and the decoder that reads a hostile
+sandbox's answer (tagged JSON) on the host."""
 
 from __future__ import annotations
 
 import collections
-import copyreg
 import datetime
 import decimal
 import fractions
@@ -24,6 +23,9 @@ from typing import Any
 import pytest
 
 from harombe.decorator_call import CallSpec, decode
+from harombe.decorator_decode import MAX_SAME_HASH, loads_answer
+from harombe.decorator_encode import MAX_DEPTH, answer
+from harombe.decorator_encode import envelope as envelope_bytes
 from harombe.decorator_wire import (
     CALL_DIR,
     CALL_PATH,
@@ -32,7 +34,6 @@ from harombe.decorator_wire import (
     WARMUP_CODE,
     dumps_call,
     library_zip,
-    restricted_loads,
     runner_code,
 )
 from harombe.errors import SandboxExecutionError, SerializationError
@@ -84,14 +85,16 @@ SAFE_VALUES = {
 @pytest.mark.parametrize("value", list(SAFE_VALUES.values()), ids=list(SAFE_VALUES))
 def test_plain_data_crosses_back_intact(value: object) -> None:
     """Builtin scalars and containers, datetimes, Decimal, Fraction, UUID and the collections
-    types unpickle to equal values."""
-    assert restricted_loads(pickle.dumps(value, protocol=5)) == value  # as the runner writes
+    types come back equal, of the same type, as the runner writes them."""
+    loaded = loads_answer(answer(value, CAP))["value"]
+    assert loaded == value
+    assert type(loaded) is type(value)
 
 
-def test_a_self_referencing_list_crosses_back() -> None:
-    """Shared and cyclic references survive (the tree check walks each object once)."""
-    loaded = restricted_loads(pickle.dumps(_self_list(), protocol=5))
-    assert loaded[0] == 1 and loaded[1] is loaded
+def test_a_self_referencing_list_is_refused_in_the_sandbox() -> None:
+    """Answers are trees: a list that contains itself is reported as such, not sent."""
+    with pytest.raises(SerializationError, match="contains itself"):
+        decode(SPEC, answer(_self_list(), CAP), CAP)
 
 
 def _global_reduce(module: str, name: str, arg: str) -> bytes:
@@ -99,68 +102,46 @@ def _global_reduce(module: str, name: str, arg: str) -> bytes:
     return f"c{module}\n{name}\n(V{arg}\ntR.".encode()
 
 
-def _stack_global(module: str, name: str, arg: str) -> bytes:
-    """Protocol 4: STACK_GLOBAL of ``module`` / ``name`` called with ``arg``."""
-    def short(text: str) -> bytes:
-        raw = text.encode()
-        return b"\x8c" + bytes([len(raw)]) + raw
-
-    return b"\x80\x04" + short(module) + short(name) + b"\x93" + short(arg) + b"\x85R."
+def _deep(depth: int) -> bytes:
+    return b'{"kind":"return","value":' + b"[" * depth + b"]" * depth + b"}"
 
 
-def _ext_pickle() -> bytes:
-    """EXT1 code 0xF0, registered here as ``os.system``: find_class is still asked."""
-    copyreg.add_extension("os", "system", 0xF0)
-    return b"\x80\x02\x82\xf0" + b"X\x04\x00\x00\x00true\x85R."
+def _colliding_set(count: int) -> bytes:
+    """A set of ints that all hash alike (multiples of 2**61 - 1)."""
+    items = ",".join(str(i * ((1 << 61) - 1)) for i in range(1, count + 1))
+    return b'{"kind":"return","value":{"s":[' + items.encode() + b"]}}"
 
 
-def _build_sets_attribute() -> bytes:
-    """An OrderedDict whose BUILD state gives it an instance attribute."""
-    ordered = collections.OrderedDict(a=1)
-    ordered.extra = "hijacked"  # type: ignore[attr-defined]
-    return pickle.dumps(ordered, protocol=2)
-
-
-def _slot_state_class_swap() -> bytes:
-    """An OrderedDict whose slot state tries to set ``__class__`` (a subclass trick)."""
-    return (
-        b"\x80\x02ccollections\nOrderedDict\n)R"
-        b"N}X\t\x00\x00\x00__class__cbuiltins\ndict\ns\x86b."
-    )
-
-
-def _defaultdict_factory(factory: str) -> bytes:
-    return f"ccollections\ndefaultdict\n(cbuiltins\n{factory}\ntR.".encode()
+def _value(node: str) -> bytes:
+    return b'{"kind":"return","value":' + node.encode() + b"}"
 
 
 FORGED = {
-    "os.system": (_global_reduce("os", "system", "echo pwned"), "os.system"),
-    "posix.system": (_global_reduce("posix", "system", "echo pwned"), "posix.system"),
-    "builtins.eval": (_global_reduce("builtins", "eval", "1+1"), "builtins.eval"),
-    "builtin-py2-name": (_global_reduce("__builtin__", "eval", "1+1"), "__builtin__.eval"),
-    "getattr": (_global_reduce("builtins", "getattr", "x"), "builtins.getattr"),
-    "import": (_global_reduce("builtins", "__import__", "os"), "builtins.__import__"),
-    "subprocess": (_global_reduce("subprocess", "Popen", "true"), "subprocess.Popen"),
-    "stack-global": (_stack_global("os", "system", "true"), "os.system"),
-    "dotted-name": (_stack_global("builtins", "str.__class__", "x"), "builtins.str.__class__"),
-    "subclasses": (_stack_global("builtins", "object.__subclasses__", "x"), "__subclasses__"),
-    "reconstructor": (_global_reduce("copyreg", "_reconstructor", "x"), "copyreg"),
-    "dataclass": (pickle.dumps(Point(1, 2), protocol=5), "Point"),
-    "bytes-alloc": (_global_reduce("builtins", "bytes", "x"), "builtins.bytes"),
-    "type": (_global_reduce("builtins", "type", "x"), "builtins.type"),
-    "fraction-exponent": (_global_reduce("fractions", "Fraction", "1e999999999"), "Fraction"),
-    "fraction-huge-ints": (
-        b"\x80\x05cfractions\nFraction\n" + pickle.dumps((1 << 70000, 3), protocol=5)[2:-1]
-        + b"R.", "Fraction"),
-    "decimal-exponent": (_global_reduce("decimal", "Decimal", "1e999999999"), "Decimal"),
-    "eval-factory": (_defaultdict_factory("eval"), "builtins.eval"),
-    "complex-factory": (_defaultdict_factory("complex"), "factory"),
-    "instance-attribute": (_build_sets_attribute(), "instance attributes"),
-    "class-swap": (_slot_state_class_swap(), ""),
-    "persistent-id": (b"Pos.system\n.", "persistent"),
-    "out-of-band": (b"\x80\x05\x97.", "not a valid pickle"),
-    "truncated": (pickle.dumps([1, 2, 3], protocol=5)[:-3], "not a valid pickle"),
-    "garbage": (b"\x00not a pickle at all", "not a valid pickle"),
+    "os.system-pickle": (_global_reduce("os", "system", "echo pwned"), "not valid JSON"),
+    "eval-pickle": (_global_reduce("builtins", "eval", "1+1"), "not valid JSON"),
+    "dataclass-pickle": (pickle.dumps(Point(1, 2), protocol=5), "not valid JSON"),
+    "garbage": (b"\x00not json at all", "not valid JSON"),
+    "truncated": (answer([1, 2, 3], CAP)[:-3], "not valid JSON"),
+    "nan-constant": (_value("NaN"), "NaN"),
+    "deep-1e6": (_deep(1_000_000), "not valid JSON"),
+    "deep-past-cap": (_deep(MAX_DEPTH + 1), f"{MAX_DEPTH} levels"),
+    "huge-int": (_value("9" * 5000), "not valid JSON"),
+    "colliding-keys": (_colliding_set(MAX_SAME_HASH + 1), "with one hash"),
+    "unhashable-key": (_value('{"s":[[1]]}'), "unhashable list"),
+    "untagged-object": (_value('{"a":1,"b":2}'), "not a tagged value"),
+    "unknown-tag": (_value('{"os.system":["true"]}'), "unknown tag"),
+    "bad-base64": (_value('{"b":"!!"}'), "malformed 'b'"),
+    "decimal-exponent": (_value('{"dec":"1e999999999"}'), "exponent beyond"),
+    "fraction-zero": (_value('{"fr":[1,0]}'), "malformed 'fr'"),
+    "eval-factory": (_value('{"dd":["eval"]}'), "factory is 'eval'"),
+    "uuid-not-hex": (_value('{"u":"' + "z" * 32 + '"}'), "malformed 'u'"),
+    "uuid-too-long": (_value('{"u":"' + "f" * 33 + '"}'), "malformed 'u'"),
+    "uuid-negative": (_value('{"u":"-' + "f" * 31 + '"}'), "malformed 'u'"),
+    "datetime-junk": (_value('{"dt":[[1],2,3]}'), "malformed 'dt'"),
+    "datetime-huge": (_value('{"td":[' + "9" * 4000 + ",0,0]}"), "malformed 'td'"),
+    "tz-not-offset": (_value('{"tz":[1,null]}'), "malformed 'tz'"),
+    "complex-str": (_value('{"c":["1","2"]}'), "malformed 'c'"),
+    "odd-pairs": (_value('{"m":[1]}'), "key but no value"),
 }
 
 
@@ -168,31 +149,32 @@ FORGED = {
 def test_forged_answers_are_refused_without_running_anything(
     data: bytes, needle: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Pickles that would call os.system, eval, getattr, import or a subclass trick, or build
-    a non-data object, raise SerializationError naming what was refused; nothing is called."""
+    """Pickles (which would call os.system or eval), malformed or over-limit JSON raise
+    SerializationError naming what was refused; nothing is called."""
     calls: list[str] = []
     monkeypatch.setattr("os.system", lambda cmd: calls.append(cmd))  # a tripwire
     with pytest.raises(SerializationError) as refused:
-        restricted_loads(data)
+        loads_answer(data)
     assert needle in str(refused.value)
+    assert "plain data" in str(refused.value)
     assert calls == []
-
-
-def test_the_extension_registry_cannot_bypass_the_allow_list() -> None:
-    """EXT opcodes resolve through find_class too: a registered code for os.system is refused."""
-    data = _ext_pickle()
-    try:
-        with pytest.raises(SerializationError, match=r"os\.system"):
-            restricted_loads(data)
-    finally:
-        copyreg.remove_extension("os", "system", 0xF0)
 
 
 def test_forged_pickles_are_what_they_claim() -> None:
     """The forged os.system pickle really calls os.system under plain pickle (the test's
     premise), so its refusal above is meaningful."""
-    ops = [op.name for op, _, _ in pickletools.genops(FORGED["os.system"][0])]
+    ops = [op.name for op, _, _ in pickletools.genops(FORGED["os.system-pickle"][0])]
     assert ops[:1] == ["GLOBAL"] and "REDUCE" in ops
+
+
+def test_the_deepest_allowed_value_crosses_back() -> None:
+    """A value nested exactly MAX_DEPTH levels deep is written and read back."""
+    value: list[Any] = []
+    for _ in range(MAX_DEPTH - 1):
+        value = [value]
+    assert loads_answer(answer(value, CAP))["value"] == value
+    with pytest.raises(SerializationError, match="nested more than"):
+        decode(SPEC, answer([value], CAP), CAP)
 
 
 def _closure_fn() -> Callable[[int], int]:
@@ -215,7 +197,10 @@ CALLS = {
 @pytest.mark.parametrize(("fn", "args", "kwargs", "expected"), list(CALLS.values()),
                          ids=list(CALLS))  # fmt: skip
 def test_calls_pickle_by_value_and_run_in_another_interpreter(
-    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], expected: object,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    expected: object,
     tmp_path: Path,
 ) -> None:
     """Closures, lambdas and functions of this test module travel by value: a child
@@ -232,8 +217,8 @@ def test_an_unpicklable_argument_is_a_serialization_error() -> None:
 
 
 ENVELOPES = {
-    "return": ({"kind": "return", "value": [1, {"a": 2}]}, None, [1, {"a": 2}]),
-    "unpicklable": ({"kind": "unpicklable", "type": "Gen", "message": "no"}, SerializationError,
+    "return": ({"kind": "return", "value": [1, {"d": {"a": 2}}]}, None, [1, {"a": 2}]),
+    "unencodable": ({"kind": "unencodable", "type": "Gen", "message": "no"}, SerializationError,
                     "returned a Gen"),
     "too-large": ({"kind": "too_large", "type": "bytes", "bytes": 9}, SerializationError,
                   "too large"),
@@ -250,7 +235,7 @@ def test_envelopes_decode_to_a_value_or_a_clear_error(
     envelope: object, error: type[Exception] | None, expected: object
 ) -> None:
     """Each envelope kind gives the value or its error; anything else is refused."""
-    data = pickle.dumps(envelope, protocol=5)
+    data = envelope_bytes(envelope)
     if error is None:
         assert decode(SPEC, data, CAP) == expected
     else:
@@ -260,9 +245,9 @@ def test_envelopes_decode_to_a_value_or_a_clear_error(
 
 def test_a_remote_exception_keeps_type_message_and_traceback() -> None:
     """``raise`` envelopes become SandboxExecutionError("{type}: {msg}\\n{traceback}")."""
-    trace = 'Traceback (most recent call last):\n  File "x.py", line 1\nKeyError: \'k\'\n'
-    data = pickle.dumps({"kind": "raise", "error_type": "KeyError", "message": "'k'",
-                         "traceback": trace}, protocol=5)  # fmt: skip
+    trace = "Traceback (most recent call last):\n  File \"x.py\", line 1\nKeyError: 'k'\n"
+    data = envelope_bytes({"kind": "raise", "error_type": "KeyError", "message": "'k'",
+                           "traceback": trace})  # fmt: skip
     with pytest.raises(SandboxExecutionError) as raised:
         decode(SPEC, data, CAP)
     assert str(raised.value) == f"KeyError: 'k'\n{trace}"
@@ -273,7 +258,7 @@ def test_a_remote_exception_keeps_type_message_and_traceback() -> None:
 def test_an_answer_over_the_cap_is_refused() -> None:
     """The host checks the size itself: the sandbox's own check cannot be trusted."""
     with pytest.raises(SerializationError, match="over 10"):
-        decode(SPEC, pickle.dumps({"kind": "return", "value": "x" * 100}), 10)
+        decode(SPEC, answer("x" * 100, CAP), 10)
 
 
 def _run_in_child(tmp_path: Path, fn: Callable[..., Any], *args: Any, cap: int = CAP,
@@ -337,8 +322,8 @@ def test_the_runner_reports_system_exit_as_an_error(tmp_path: Path) -> None:
     assert raised.value.error_type == "SystemExit"
 
 
-def test_the_runner_refuses_an_unpicklable_return_value(tmp_path: Path) -> None:
-    """A return value pickle cannot write (a lock) is a SerializationError naming its type."""
+def test_the_runner_refuses_a_return_value_that_is_not_plain_data(tmp_path: Path) -> None:
+    """A return value that is not plain data (a lock) is a SerializationError naming it."""
     with pytest.raises(SerializationError, match="lock"):
         decode(SPEC, _run_in_child(tmp_path, threading.Lock), CAP)
 

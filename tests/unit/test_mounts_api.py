@@ -58,7 +58,8 @@ def _scan(*entries: dict[str, Any], truncated: bool = False) -> dict[str, Any]:
     return {"entries": list(entries), "truncated": truncated}
 
 
-GOOD = {"path": "a/b.txt", "type": "file", "size": 1, "links": 1, "sha256": "0" * 64}
+GOOD = {"path": "a/b.txt", "type": "file", "size": 1, "links": 1, "mode": 0o644,
+        "sha256": "0" * 64}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -76,9 +77,15 @@ GOOD = {"path": "a/b.txt", "type": "file", "size": 1, "links": 1, "sha256": "0" 
         _scan({**GOOD, "size": -1}),
         _scan({**GOOD, "size": True}),
         _scan({**GOOD, "sha256": None}),
+        _scan({k: v for k, v in GOOD.items() if k != "mode"}),
+        _scan({**GOOD, "mode": "x"}),
+        _scan({**GOOD, "mode": True}),
+        _scan({**GOOD, "mode": -1}),
+        _scan({**GOOD, "mode": 0o10000}),
     ],
     ids=["none", "not-a-list", "truncated", "dotdot", "absolute", "empty-part", "dot-part",
-         "empty", "unknown-type", "negative-size", "bool-size", "no-digest"],
+         "empty", "unknown-type", "negative-size", "bool-size", "no-digest", "no-mode",
+         "str-mode", "bool-mode", "negative-mode", "mode-past-07777"],
 )
 def test_a_scan_outside_the_format_applies_nothing(raw: Any) -> None:
     """The scan comes from inside the sandbox: any field out of form is a MountError."""
@@ -88,7 +95,7 @@ def test_a_scan_outside_the_format_applies_nothing(raw: Any) -> None:
 
 def test_a_well_formed_scan_passes_and_its_size_is_capped() -> None:
     """A good scan is returned; more entries than max_entries is refused."""
-    assert checked_scan(_scan(GOOD), MountLimits()) == [GOOD]
+    assert checked_scan(_scan({**GOOD, "extra": "dropped"}), MountLimits()) == [GOOD]
     with pytest.raises(MountError, match="max_entries=1"):
         checked_scan(_scan(GOOD, {**GOOD, "path": "c"}), MountLimits(max_entries=1))
 

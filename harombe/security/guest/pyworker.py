@@ -27,6 +27,7 @@ import io
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 
@@ -141,6 +142,34 @@ def _leave(code=None):
     raise SystemExit(code)
 
 
+def _environment_path(pth):
+    """The environment directory a harombe-env .pth names, or None: read without blocking or
+    following a link (a FIFO, a device or a link planted under that name is skipped), and only
+    an exact ``/opt/harombe/envs/<key>/site``."""
+    try:
+        fd = os.open(pth, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        line = os.read(fd, 4096).split(b"\n", 1)[0].decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    parts = line.split("/")
+    if (
+        len(parts) == 6
+        and parts[:4] == ["", "opt", "harombe", "envs"]
+        and parts[5] == "site"
+        and len(parts[4]) == 32
+        and all(c in "0123456789abcdef" for c in parts[4])
+    ):
+        return line
+    return None
+
+
 class _Interpreter:
     """Where user code runs: one namespace kept between calls, and the streams, signal
     handlers and timers each call starts from and is brought back to."""
@@ -195,12 +224,8 @@ class _Interpreter:
         except OSError:
             names = []
         for name in names:
-            try:
-                with open(os.path.join(user_site, name), encoding="utf-8") as f:
-                    path = f.readline(4096).strip()
-            except (OSError, ValueError):
-                continue
-            if path.startswith("/opt/harombe/envs/") and path not in sys.path:
+            path = _environment_path(os.path.join(user_site, name))
+            if path is not None and path not in sys.path:
                 at = sys.path.index(user_site) + 1 if user_site in sys.path else len(sys.path)
                 sys.path.insert(at, path)
 

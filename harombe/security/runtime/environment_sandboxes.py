@@ -10,6 +10,7 @@ the user's: a pooled sandbox stays unused until claimed.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -39,6 +40,13 @@ class Prepared:
     pool_size: int
     best_effort: bool = False  # a preimport that fails is skipped (a list's own modules)
 
+    @property
+    def pool_id(self) -> str:
+        """What its warm pool is keyed by: the environment and how its sandboxes start (two
+        names of one set with other preimports keep pools of their own)."""
+        body = repr((self.environment.key, self.preimport, self.best_effort))
+        return f"{self.environment.key}-{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
 
 class Environments:
     """The named environments of one manager, and how a sandbox gets one."""
@@ -49,7 +57,7 @@ class Environments:
         self._installs = installs
         self._runs = runs
         self._named: dict[str, EnvironmentConfig] = dict(configured)
-        self.prepared: dict[str, Prepared] = {}  # by environment key: what pools are keyed by
+        self.prepared: dict[str, Prepared] = {}  # by pool id: what pools are keyed by
         self.targets: dict[str, Target] = {}  # by image: learnt from its first sandbox
 
     @property
@@ -73,6 +81,12 @@ class Environments:
                 f"environment name {str(name)[:80]!r} must be lowercase letters, digits, '_', "
                 "'.' or '-' (at most 63), like 'data-science'"
             )
+        for what, value in (("requirements", requirements), ("preimport", preimport)):
+            if not isinstance(value, list | tuple):
+                raise InvalidArgumentError(
+                    f"environment {name!r}: {what} must be a list of strings like ['pandas'], "
+                    f"got {type(value).__name__}"
+                )
         try:
             self._named[name] = EnvironmentConfig(
                 requirements=list(requirements), preimport=list(preimport), pool_size=pool_size
@@ -85,6 +99,11 @@ class Environments:
     ) -> tuple[list[str], EnvironmentConfig]:
         """The requirements (and settings) ``environment`` stands for: a defined name, or a list
         of requirements used as they are (no preimports, one pooled sandbox)."""
+        if not isinstance(environment, str | list | tuple):
+            raise InvalidArgumentError(
+                "environment must be a defined environment's name or a list of requirement "
+                f"strings like ['pandas>=2'], got {type(environment).__name__}"
+            )
         if isinstance(environment, str):
             found = self._named.get(environment)
             if found is None:
@@ -134,7 +153,7 @@ class Environments:
             prepared = Prepared(env, tuple(settings.preimport), settings.pool_size)
         else:  # a list: its requested distributions' modules, imported where they can be
             prepared = Prepared(env, env.modules, settings.pool_size, best_effort=True)
-        self.prepared[env.key] = prepared
+        self.prepared[prepared.pool_id] = prepared
         return prepared
 
     async def prepare(self, box: Sandbox, prepared: Prepared) -> None:

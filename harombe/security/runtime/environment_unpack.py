@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,16 +46,17 @@ COMPILER = (
     "import compileall, resource, sys\n"
     "resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]),) * 2)\n"
     "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))\n"
-    "compileall.compile_dir(sys.argv[2], maxlevels=100, quiet=2, workers=0)\n"
+    "compileall.compile_dir(sys.argv[2], maxlevels=100, quiet=2, workers=1, ddir=sys.argv[3])\n"
 )
 
 
-def compile_tree(site: Path) -> bool:
-    """Compile ``site``'s modules to bytecode (timestamp-checked, as pip does) in a child
-    process; whether it finished in time (files it could not compile are left without)."""
+def compile_tree(site: Path, *, shown_as: str) -> bool:
+    """Compile ``site``'s modules to bytecode (timestamp-checked, as pip does) in one child
+    process, naming the files as ``shown_as`` (where sandboxes see them, not the host's
+    path); whether it finished in time (files it could not compile are left without)."""
     try:
         done = subprocess.run(
-            [sys.executable, "-I", "-c", COMPILER, str(COMPILE_MAX_BYTES), str(site)],
+            [sys.executable, "-I", "-c", COMPILER, str(COMPILE_MAX_BYTES), str(site), shown_as],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             timeout=COMPILE_TIMEOUT_S, check=False,
         )  # fmt: skip
@@ -82,13 +84,24 @@ def unpack_wheel(path: Path, stage: Path, *, label: str) -> None:
             _check_sizes(source._zipfile, label)
             source.validate_record()
             install(source, destination, {"INSTALLER": b"harombe\n"})
-    except (InstallerError, ValueError, KeyError, OSError, zipfile.BadZipFile) as exc:
+    except (InstallerError, ValueError, KeyError, OSError, zipfile.BadZipFile, zlib.error,
+            NotImplementedError, RuntimeError, EOFError) as exc:  # fmt: skip
         raise PackageFetchError(
             f"the wheel of {label} ({path.name}) was refused while unpacking: {exc}; "
             "pin another version of it"
         ) from None
     with contextlib.suppress(OSError):
         os.rmdir(stage / "data")  # most wheels have none (it stays when one has)
+
+
+def declared_bytes(path: Path) -> int:
+    """What the wheel at ``path`` says it unpacks to (0 if it cannot be read: the unpack then
+    refuses it with the reason)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sum(member.file_size for member in archive.infolist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return 0
 
 
 def _check_sizes(archive: zipfile.ZipFile, label: str) -> None:

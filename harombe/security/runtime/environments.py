@@ -16,12 +16,9 @@ directory: no download, no copy, no pip. Layout of the cache directory::
     locks/<hash>.lock        one builder per requirement set, across processes
     tmp/                     staging: an environment appears in envs/ by one rename
 
-The key is the SHA-256 of the resolved wheels (file names and their SHA-256) and the target
-(Python minor version, CPU, glibc): the same set resolved twice is one environment. Wheels are
-unpacked by ``installer`` after their ``RECORD`` hashes were checked; nothing of a package runs
-on the host (resolution is :mod:`.packages.pypi`'s). A request is answered from ``requests/``
-for ``resolve_ttl_s`` (an unpinned ``pandas`` is not re-resolved on every install); after that
-it is resolved again, and a new release gives a new environment.
+The key hashes the resolved wheels (names, SHA-256) and the target (Python minor, CPU, glibc).
+Wheels are unpacked after their ``RECORD`` holds (:mod:`.environment_unpack`); nothing of a
+package runs on the host. A request is answered from ``requests/`` for ``resolve_ttl_s``.
 """
 
 from __future__ import annotations
@@ -34,7 +31,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,8 +40,10 @@ import structlog
 
 from harombe.errors import ConfigError, PackageFetchError
 from harombe.security.runtime import packages
+from harombe.security.runtime.environment_evict import EVICT_GRACE_S, evict
 from harombe.security.runtime.environment_unpack import (
     compile_tree,
+    declared_bytes,
     make_read_only,
     needs_import_check,
     remove_tree,
@@ -61,8 +60,7 @@ log = structlog.get_logger(__name__)
 
 #: The file in a sandbox's user site that puts one environment on ``sys.path``.
 PTH_PREFIX = "harombe-env-"
-#: Environments used within this long are never evicted (a sandbox may be importing from one).
-EVICT_GRACE_S = 3600.0
+__all__ = ["EVICT_GRACE_S", "Environment", "EnvironmentStore", "default_directory"]
 LOCK_POLL_S = 0.05
 MAX_MODULES = 50
 #: A request found in the cache is answered from memory for this long before disk is read
@@ -135,6 +133,8 @@ class EnvironmentStore:
         self.resolve_ttl_s = resolve_ttl_s
         self.index_urls = tuple(index_urls)
         self._leases: dict[str, int] = {}
+        #: Keys linked into live sandboxes of this process (the manager sets it).
+        self.in_use: Callable[[], Collection[str]] = frozenset
         self._recent: dict[str, tuple[Environment, float]] = {}  # request -> env, looked up at
 
     def open(self) -> None:
@@ -167,7 +167,12 @@ class EnvironmentStore:
         for the same set was resolved within ``resolve_ttl_s`` (``refresh`` resolves again),
         else resolved, downloaded and unpacked now. Raises :class:`PackageFetchError` (or
         :class:`~harombe.errors.PackageSpecError`) naming the requirement that failed."""
-        say = on_progress or (lambda _text: None)
+
+        def say(text: str) -> None:  # each step is a log event, and the caller's to show
+            log.info("environment.progressed", requirements=list(requirements), step=text)
+            if on_progress is not None:
+                on_progress(text)
+
         wanted = request_hash(requirements, target, constraints, self.index_urls)
         if not refresh:
             recent = self._recent.get(wanted)
@@ -194,12 +199,10 @@ class EnvironmentStore:
             memo = json.loads((self.directory / "requests" / f"{wanted}.json").read_text())
             if time.time() - float(memo["resolved_at"]) > self.resolve_ttl_s:
                 return None
-            env = self.load(str(memo["key"]), reused=True)
+            self.touch(str(memo["key"]))  # before the load: an eviction now must skip it
+            return self.load(str(memo["key"]), reused=True)
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if env is not None:
-            self.touch(env.key)
-        return env
 
     def _remember(self, wanted: str, key: str) -> None:
         path = self.directory / "requests" / f"{wanted}.json"
@@ -263,13 +266,20 @@ class EnvironmentStore:
 
     def _build(self, key: str, hashed: Sequence[tuple[Wheel, str]],
                requirements: tuple[str, ...], target: Target) -> Environment:  # fmt: skip
+        total = sum(declared_bytes(wheel.path) for wheel, _ in hashed)
+        if total > self.max_bytes:
+            raise PackageFetchError(
+                f"{', '.join(requirements)} unpacks to {total >> 20} MB, more than the whole "
+                f"install cache ({self.max_bytes >> 20} MB); raise "
+                "security.sandbox.install_cache.max_mb, or install less"
+            )
         stage = self.directory / "tmp" / f"{key}.{os.getpid()}.{time.monotonic_ns()}"
         try:
             stage.mkdir(mode=0o755)
             for wheel, _ in sorted(hashed, key=lambda pair: pair[0].name):
                 unpack_wheel(wheel.path, stage, label=wheel.label)
             if sys.version_info[:2] == tuple(int(x) for x in target.python_version.split(".")):
-                compile_tree(stage / "site")
+                compile_tree(stage / "site", shown_as=f"{ENV_MOUNT}/{key}/site")
             manifest = {
                 "key": key,
                 "requirements": list(requirements),
@@ -284,6 +294,7 @@ class EnvironmentStore:
             }
             (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
             make_read_only(stage)
+            self.touch(key)  # used now: no eviction elsewhere takes it as it appears
             try:
                 os.rename(stage, self.envs / key)
             except OSError:  # published meanwhile by another process: theirs is the same
@@ -347,53 +358,16 @@ class EnvironmentStore:
         with contextlib.suppress(OSError):
             (self.directory / "used" / key).touch()
 
-    @contextlib.contextmanager
-    def lease(self, key: str) -> Iterator[None]:
-        """While held, ``key`` is not evicted by this process."""
-        self._leases[key] = self._leases.get(key, 0) + 1
-        try:
-            yield
-        finally:
-            self._leases[key] -= 1
-            if not self._leases[key]:
-                del self._leases[key]
-
     def hold(self, key: str) -> None:
-        """Keep ``key`` from eviction for this process's life (a sandbox uses it)."""
+        """Keep ``key`` from eviction by this process until :meth:`release`."""
         self._leases[key] = self._leases.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        if self._leases.get(key, 0) > 1:
+            self._leases[key] -= 1
+        else:
+            self._leases.pop(key, None)
 
     def evict(self, *, now: float | None = None) -> list[str]:
-        """Remove least recently used environments until the cache fits ``max_mb``; never one
-        used within :data:`EVICT_GRACE_S` or held by this process. The keys removed."""
-        now = time.time() if now is None else now
-        entries = []
-        for entry in os.scandir(self.envs):
-            env = self.load(entry.name, reused=True)
-            if env is None:
-                continue
-            if not entry.name.isalnum():
-                continue
-            try:
-                used = os.stat(self.directory / "used" / entry.name).st_mtime
-            except OSError:
-                used = 0.0
-            entries.append((used, entry.name, env.size_bytes))
-        total = sum(size for _, _, size in entries)
-        removed = []
-        for used, key, size in sorted(entries):
-            if total <= self.max_bytes:
-                break
-            if key in self._leases or now - used < EVICT_GRACE_S:
-                continue
-            gone = self.directory / "tmp" / f"evicted-{key}.{time.monotonic_ns()}"
-            try:
-                os.rename(self.envs / key, gone)  # out of sight at once, then deleted
-            except OSError:
-                continue
-            remove_tree(gone)
-            with contextlib.suppress(OSError):
-                os.unlink(self.directory / "used" / f"{key}.imports-ok")
-            total -= size
-            removed.append(key)
-            log.info("environment.evicted", key=key, size_bytes=size)
-        return removed
+        """See :func:`.environment_evict.evict`: never what this process holds or uses."""
+        return evict(self, {*self._leases, *self.in_use()}, now=now)

@@ -38,6 +38,7 @@ NUMPY_1 = ("numpy<2",)
 #: Imports the top-level modules of distribution sys.argv[1], in the sandbox.
 IMPORT_CHECK = """
 import importlib, importlib.metadata as md, sys
+sys.path[:0] = sys.argv[2:]  # where the package is, first (run with -I: no user site code)
 dist = md.distribution(sys.argv[1])
 tops = (dist.read_text("top_level.txt") or "").split()
 if not tops:
@@ -97,7 +98,9 @@ class Installs:
             if self.store is not None:
                 return await self._install_cached(box, spec)
             result = await self._install_pypi(box, spec)
-            if result.success and _numpy_abi_break(await self._import_check(box, spec)):
+            if result.success and _numpy_abi_break(
+                (await self._import_check(box, spec, paths=[self.user_site(box)])).stderr
+            ):
                 # Built against NumPy 1.x, resolved with NumPy 2: install it again with numpy<2.
                 result = await self._install_pypi(box, spec, constraints=NUMPY_1)
                 result.warnings.append(
@@ -115,7 +118,10 @@ class Installs:
         result = await self.link(box, env)
         warnings = []
         if result.success and not self.store.import_checked(env.key):
-            stderr = await self._import_check(box, spec)
+            # Isolated (-I): what the sandbox's code planted in its user site cannot make the
+            # shared verdict pass; only a clean exit with nothing on stderr marks it.
+            check = await self._import_check(box, spec, paths=[env.site])
+            stderr = check.stderr
             if _numpy_abi_break(stderr):
                 # Built against NumPy 1.x, resolved with NumPy 2: the set again with numpy<2.
                 await self.unlink(box, env)
@@ -126,7 +132,7 @@ class Installs:
                     f"{spec.text} was built against NumPy 1.x and fails to import with NumPy "
                     "2, so it was installed with numpy<2"
                 )
-            elif not stderr:
+            elif check.exit_code == 0 and check.status == "ok" and not stderr:
                 self.store.mark_import_checked(env.key)
         if result.success:
             how = "from the install cache" if env.reused else "downloaded, now cached"
@@ -146,7 +152,7 @@ class Installs:
         fresh interpreters read at start and the session interpreter before each call. Written
         by the supervisor's unpack (no process is started); the caller holds the lock."""
         assert self.store is not None
-        self.store.hold(env.key)  # this process does not evict what its sandboxes use
+        box.linked.add(env.key)  # not evicted while the sandbox lives (see the manager)
         started = time.perf_counter()
         line = f"{env.site}\n".encode()
         member = tarfile.TarInfo(env.pth_name)
@@ -195,13 +201,16 @@ class Installs:
         await self._runs.run(box, ["rm", "-rf", wheels], b"", language="shell", timeout_s=30)
         return result
 
-    async def _import_check(self, box: Sandbox, spec: packages.PackageSpec) -> str:
-        """What importing the installed distribution's top-level modules printed (stderr)."""
-        result = await self._runs.run(
-            box, ["python3", "-c", IMPORT_CHECK, spec.name], b"", language="shell",
-            timeout_s=INSTALL_TIMEOUT_S,
+    async def _import_check(
+        self, box: Sandbox, spec: packages.PackageSpec, *, paths: Sequence[str]
+    ) -> ExecutionResult:
+        """Import the installed distribution's top-level modules from ``paths``, isolated
+        (``-I``): what code in the sandbox planted (``usercustomize``, ``.pth`` lines) does
+        not run, so it cannot make the check pass or fail."""
+        return await self._runs.run(
+            box, ["python3", "-I", "-c", IMPORT_CHECK, spec.name, *paths], b"",
+            language="shell", timeout_s=INSTALL_TIMEOUT_S,
         )  # fmt: skip
-        return result.stderr
 
     def _install_result(
         self, box: Sandbox, output: str, elapsed_s: float, *, language: str = "javascript"

@@ -37,6 +37,9 @@ class PoolMixin:
         @property
         def sandbox_config(self) -> SandboxConfig: ...
 
+        @property
+        def sandboxes(self) -> dict[str, Sandbox]: ...
+
         async def create_sandbox(
             self,
             language: Language = "python",
@@ -50,6 +53,11 @@ class PoolMixin:
         async def destroy_sandbox(self, sandbox_id: str) -> None: ...
 
         async def _adopt(self, box: Sandbox | None) -> Sandbox: ...
+
+    def _environments_in_use(self) -> set[str]:
+        """Environment keys linked into this manager's live or waiting sandboxes."""
+        boxes = [*self.sandboxes.values(), *self.pool.waiting()]
+        return {key for box in boxes for key in box.linked}
 
     def _new_pool(self) -> WarmPool:
         pool, launcher = self.sandbox_config.pool, self.launcher
@@ -115,7 +123,7 @@ class PoolMixin:
     def _environment_pool_key(
         self, language: Language, profile: Any, prepared: Prepared
     ) -> tuple[str, ...]:
-        key = (*self.pool_key(language, profile), prepared.environment.key)
+        key = (*self.pool_key(language, profile), prepared.pool_id)
         self.pool.sizes[key] = prepared.pool_size
         return key
 
@@ -159,7 +167,7 @@ class PoolMixin:
 
     async def _launch_pooled(self, key: Hashable) -> Sandbox:
         """A sandbox for the warm pool under ``key``: (language, image, runtime, limits,
-        profile fingerprint[, environment key])."""
+        profile fingerprint[, environment pool id])."""
         assert isinstance(key, tuple)
         box = await self.launcher.launch_pooled(key[0], self._profiles.get(key[4]))
         if len(key) > 5:

@@ -72,6 +72,10 @@ class WarmPool:
         """The ids of the sandboxes waiting for ``key`` now, oldest first."""
         return [box.sandbox_id for box in self._ready.get(key, ())]
 
+    def waiting(self) -> list[Sandbox]:
+        """Every sandbox waiting now, whatever its key."""
+        return [box for boxes in self._ready.values() for box in boxes]
+
     def all_ready(self) -> list[str]:
         """The ids of every sandbox waiting now, whatever its key (profiles included)."""
         return [box.sandbox_id for boxes in self._ready.values() for box in boxes]

@@ -238,6 +238,7 @@ class Sandbox:
     profile: Profile | None = None  # fixed at creation: every call runs under its layer
     limits: Limits | None = None  # its own limits, when a profile narrowed the configured ones
     environment: str | None = None  # the key of the dependency environment it started with
+    linked: set[str] = field(default_factory=set)  # keys of the environments on its path
     created_at: float = field(default_factory=time.time)
     runs: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
