@@ -32,8 +32,9 @@ comes back as data in the result. Only infrastructure faults, policy refusals an
      ├── SandboxExecutionError         a ``@sandbox`` function raised in its sandbox, or died there
      │    └── SandboxTimeoutError      … or ran past its ``timeout_sec`` (also a TimeoutError)
      ├── SerializationError            a ``@sandbox`` function, its arguments or its return value
-     │                                 cannot cross: unpicklable, over the size cap, a type the
-     │                                 host will not unpickle, another Python version inside
+     │                                 cannot cross: unpicklable arguments, over the size cap, a
+     │                                 return type the host will not rebuild, another Python
+     │                                 version inside
      ├── DependencyInstallError        a ``@sandbox`` dependency is malformed or did not install
      ├── SandboxNotFoundError          unknown, destroyed or malformed sandbox id
      └── PolicyError                   refused on purpose; nothing was touched
