@@ -118,8 +118,12 @@ def table(verdicts: list[Verdict]) -> str:
 
 @click.command(help=HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the verdicts as JSON")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False),
-              help="config file (default $HAROMBE_CONFIG)")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False),
+    help="config file (default $HAROMBE_CONFIG)",
+)
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool, config_path: str | None) -> int:
     start_command(ctx)

@@ -27,7 +27,8 @@ CANARY_ENV = "HAROMBE_DOCTOR_CANARY"
 #: Seconds the timeout probe sleeps, and the timeout it runs under.
 SLEEP_S, PROBE_TIMEOUT_S = 60, 2.0
 
-FACTS = r"""
+FACTS = (
+    r"""
 import ctypes, errno, json, os, socket, subprocess
 out = {}
 def attempt(fn):
@@ -67,8 +68,9 @@ out["ids"] = [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.ge
 out["environ"] = dict(os.environ)
 out["workspace"] = attempt(workspace)
 print(json.dumps(out))
-""".replace("HOST", repr(UNROUTABLE[0])).replace("PORT", str(UNROUTABLE[1])).replace(
-    "ROOT_PROBE", repr(ROOT_PROBE)
+""".replace("HOST", repr(UNROUTABLE[0]))
+    .replace("PORT", str(UNROUTABLE[1]))
+    .replace("ROOT_PROBE", repr(ROOT_PROBE))
 )
 
 KILL = r"""

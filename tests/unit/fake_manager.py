@@ -14,8 +14,11 @@ from harombe.testing import FakeDocker, RunOutcome, code_of, echo_handler
 
 
 def config(**sandbox: Any) -> HarombeConfig:
-    """A config whose ``security.sandbox`` has ``sandbox``'s keys; no warm pool unless given."""
-    return parse_config({"security": {"sandbox": {"pool": {"size": 0}, **sandbox}}})
+    """A config whose ``security.sandbox`` has ``sandbox``'s keys; no warm pool and no install
+    cache unless given (installs then take the sandbox-pip path the fake guest answers, and a
+    patched ``packages.fetch_pypi`` is what they download with)."""
+    defaults = {"pool": {"size": 0}, "install_cache": {"enabled": False}}
+    return parse_config({"security": {"sandbox": {**defaults, **sandbox}}})
 
 
 @asynccontextmanager

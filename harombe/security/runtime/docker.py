@@ -381,7 +381,8 @@ class DockerManager(docker_exec.TerminalExecs, DockerBackend):
                 name=(item.get("Names") or ["?"])[0].lstrip("/"),
                 status=item.get("State", ""),
                 labels=dict(item.get("Labels") or {}),
-                image=str(item.get("Image") or ""), created_s=float(item.get("Created") or 0),
+                image=str(item.get("Image") or ""),
+                created_s=float(item.get("Created") or 0),
             )
             for item in found
         ]

@@ -11,19 +11,23 @@ the user's: a pooled sandbox stays unused until claimed.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from pydantic import ValidationError
 
 from harombe.config_environments import ENVIRONMENT_NAME, EnvironmentConfig
 from harombe.errors import InvalidArgumentError, SandboxStartError, UsageError
+from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.environments import Environment, Progress
 from harombe.security.runtime.installs import Installs
+from harombe.security.runtime.launcher import Launcher
 from harombe.security.runtime.packages.wheels import Target
 from harombe.security.runtime.runs import Runs
 from harombe.security.runtime.sandbox import Sandbox
+from harombe.security.runtime.tasks import settle
 
 log = structlog.get_logger(__name__)
 
@@ -188,3 +192,23 @@ def _preimport_code(prepared: Prepared) -> str:
         return ""
     body = "    try:\n        __import__(_m)\n    except Exception:\n        pass\n"
     return f"for _m in {names!r}:\n{body}del _m\n"
+
+
+def pooled_launch(
+    launcher: Launcher, environments: Environments, profiles: Mapping[str, Profile]
+) -> Callable[[Hashable], Coroutine[Any, Any, Sandbox]]:
+    """The warm pool's launch: a key is (language, image, runtime, limits, profile fingerprint
+    [, environment pool id]); a sandbox of an environment is prepared before it waits."""
+
+    async def launch(key: Hashable) -> Sandbox:
+        assert isinstance(key, tuple)
+        box = await launcher.launch_pooled(key[0], profiles.get(key[4]))
+        if len(key) > 5:
+            try:
+                await environments.prepare(box, environments.prepared[key[5]])
+            except BaseException:
+                await settle(launcher.discard(box))
+                raise
+        return box
+
+    return launch

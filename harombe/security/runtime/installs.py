@@ -20,6 +20,7 @@ import io
 import secrets
 import tarfile
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,6 +78,13 @@ class Installs:
                 index_urls=self._index_urls,
             )  # fmt: skip
             self.store.open()
+            self.store.in_use = self.environments_in_use  # not evicted while sandboxes use them
+        self._linked: weakref.WeakValueDictionary[str, Sandbox] = weakref.WeakValueDictionary()
+
+    def environments_in_use(self) -> set[str]:
+        """Keys of the environments linked into sandboxes still alive in this process."""
+        boxes = list(self._linked.values())
+        return {key for box in boxes if box.channel.lost is None for key in box.linked}
 
     @property
     def environments_dir(self) -> str | None:
@@ -152,7 +160,8 @@ class Installs:
         fresh interpreters read at start and the session interpreter before each call. Written
         by the supervisor's unpack (no process is started); the caller holds the lock."""
         assert self.store is not None
-        box.linked.add(env.key)  # not evicted while the sandbox lives (see the manager)
+        box.linked.add(env.key)  # not evicted while the sandbox lives
+        self._linked[box.sandbox_id] = box
         started = time.perf_counter()
         line = f"{env.site}\n".encode()
         member = tarfile.TarInfo(env.pth_name)

@@ -130,8 +130,6 @@ class SandboxManager(PoolMixin):
             manager_id=self.manager_id, environments_dir=self.installs.environments_dir,
         )  # fmt: skip
         self.environments = Environments(self.installs, self.runs, cfg.environments)
-        if self.installs.store is not None:  # what live sandboxes use is not evicted
-            self.installs.store.in_use = self._environments_in_use
         self.pool = self._new_pool()
 
     @property

@@ -4,13 +4,13 @@ them ahead of need, and claiming a sandbox with one from its own warm pool."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from harombe.config import Language
 from harombe.errors import UsageError
 from harombe.security.policy.profiles import Profile
-from harombe.security.runtime.environment_sandboxes import Environments, Prepared
+from harombe.security.runtime.environment_sandboxes import Environments, Prepared, pooled_launch
 from harombe.security.runtime.environments import Environment, Progress
 from harombe.security.runtime.pool import WarmPool
 from harombe.security.runtime.sandbox import Sandbox
@@ -54,16 +54,13 @@ class PoolMixin:
 
         async def _adopt(self, box: Sandbox | None) -> Sandbox: ...
 
-    def _environments_in_use(self) -> set[str]:
-        """Environment keys linked into this manager's live or waiting sandboxes."""
-        boxes = [*self.sandboxes.values(), *self.pool.waiting()]
-        return {key for box in boxes for key in box.linked}
-
     def _new_pool(self) -> WarmPool:
         pool, launcher = self.sandbox_config.pool, self.launcher
         # Keys: language, image, runtime, limits, profile fingerprint (pool_key), then an
         # environment's key for the pools of environments.
-        return WarmPool(self._launch_pooled, launcher.discard, size=pool.size,
+        # A closure over collaborators, never a method of the manager: a call travels one way.
+        launch = pooled_launch(launcher, self.environments, self._profiles)
+        return WarmPool(launch, launcher.discard, size=pool.size,
                         max_age_s=pool.max_age_s, probe=launcher.answers)  # fmt: skip
 
     def pool_key(self, language: Language, profile: Profile | None = None) -> tuple[str, ...]:
@@ -163,17 +160,4 @@ class PoolMixin:
             if box is not None:
                 await settle(self.destroy_sandbox(box.sandbox_id))
             raise
-        return box
-
-    async def _launch_pooled(self, key: Hashable) -> Sandbox:
-        """A sandbox for the warm pool under ``key``: (language, image, runtime, limits,
-        profile fingerprint[, environment pool id])."""
-        assert isinstance(key, tuple)
-        box = await self.launcher.launch_pooled(key[0], self._profiles.get(key[4]))
-        if len(key) > 5:
-            try:
-                await self.environments.prepare(box, self.environments.prepared[key[5]])
-            except BaseException:
-                await settle(self.launcher.discard(box))
-                raise
         return box
