@@ -11,6 +11,7 @@ the user's: a pooled sandbox stays unused until claimed.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Coroutine, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.environments import Environment, Progress
 from harombe.security.runtime.installs import Installs
 from harombe.security.runtime.launcher import Launcher
+from harombe.security.runtime.packages import parse_spec
 from harombe.security.runtime.packages.wheels import Target
 from harombe.security.runtime.runs import Runs
 from harombe.security.runtime.sandbox import Sandbox
@@ -78,8 +80,6 @@ class Environments:
     ) -> None:
         """Name a set of PyPI requirements (replacing one of the same name); nothing is built
         until a sandbox asks for it or :meth:`SandboxManager.prepare_environment` runs."""
-        import re
-
         if not isinstance(name, str) or not re.fullmatch(ENVIRONMENT_NAME, name):
             raise InvalidArgumentError(
                 f"environment name {str(name)[:80]!r} must be lowercase letters, digits, '_', "
@@ -147,8 +147,6 @@ class Environments:
             )
         requirements, settings = self.requirements_of(environment)
         for text in requirements:  # the same gate as code_install_package: registry specs only
-            from harombe.security.runtime.packages import parse_spec
-
             parse_spec(text, "pypi")
         env = await store.ensure(
             requirements, target=target, refresh=refresh, on_progress=on_progress

@@ -148,13 +148,13 @@ def tree_bytes(path: Path) -> int:
 
 def make_read_only(tree: Path) -> None:
     """Everything readable by anyone (the sandbox user), writable by no one but the owner."""
-    for root, dirs, files in os.walk(tree):
+    for root, _dirs, files in os.walk(tree):
         os.chmod(root, 0o755)
         for name in files:
             path = os.path.join(root, name)
             mode = os.lstat(path).st_mode
-            os.chmod(path, 0o755 if mode & 0o111 else 0o644)
-        del dirs[:0]
+            if not os.path.islink(path):  # installer writes none; never chmod through one
+                os.chmod(path, 0o755 if mode & 0o111 else 0o644)
 
 
 def remove_tree(tree: Path) -> None:

@@ -104,12 +104,13 @@ class PoolMixin:
     ) -> Environment:
         """Build ``environment`` now (``on_progress`` is told each step) and start filling its
         warm pool; the environment. Raises the fetch's error naming a failing requirement."""
-        box = await self.create_sandbox("python")  # tells the image's interpreter and platform
-        try:
-            target = self.installs.target(box)
-            self.environments.targets[box.image] = target
-        finally:
-            await self.destroy_sandbox(box.sandbox_id)
+        target = self.environments.targets.get(self.sandbox_config.image_for("python"))
+        if target is None:  # the image's first sandbox tells its interpreter and platform
+            box = await self.create_sandbox("python")
+            try:
+                target = self.environments.targets[box.image] = self.installs.target(box)
+            finally:
+                await self.destroy_sandbox(box.sandbox_id)
         prepared = await self.environments.ensure(
             environment, target=target, refresh=refresh, on_progress=on_progress
         )
