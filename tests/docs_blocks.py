@@ -8,10 +8,11 @@ blocks). The convention, as docs/architecture.md ("Docs that run") states it:
 - Every shell block carries a marker, an HTML comment (invisible on GitHub) on the nearest
   non-blank line before its fence: ``<!-- runnable -->``, ``<!-- runnable: serve timeout=60 -->``
   or ``<!-- not-runnable: REASON -->``. An unmarked shell block is an error.
-- In a ``bash``/``sh``/``shell`` block, a command is a line that is not a comment (with the lines
-  a trailing ``\\`` continues). The ``#`` lines starting in column 0 right after a command are
-  its expected output (``# `` removed); so is a trailing comment that starts with ``{`` or
-  ``[``. Other comments (indented, or before the first command) are prose.
+- In a ``bash``/``sh``/``shell`` block, a command is a line that is not a comment, with the lines
+  a trailing ``\\`` or an open quote continues (here-documents are refused). The ``#`` lines
+  starting in column 0 right after a command are its expected output (``# `` removed); so is a
+  trailing comment that starts with ``{`` or ``[``. Other comments (indented, or before the
+  first command) are prose.
 - In a ``console`` block, ``$ `` lines are commands and the lines up to the next one their
   expected output.
 - Expected output that starts with ``{`` or ``[`` is JSON, compared as values; else text,
@@ -246,9 +247,10 @@ def _script_steps(body: str, first_line: int, where: str) -> list[Step]:
         else:
             close()
             start = i
-            while _continues(lines[i]) and i + 1 < len(lines):
+            while i + 1 < len(lines) and _goes_on(lines[start : i + 1]):
                 i += 1
             command = "\n".join(lines[start : i + 1])
+            _refuse_heredoc(command, first_line + start, where)
             comment = trailing_comment(command)
             expected = None
             if comment is not None and comment.lstrip().startswith(("{", "[")):
@@ -279,9 +281,10 @@ def _console_steps(body: str, first_line: int, where: str) -> list[Step]:
         if lines[i].startswith("$ "):
             close()
             start = i
-            while _continues(lines[i]) and i + 1 < len(lines):
+            while i + 1 < len(lines) and _goes_on([lines[start][2:], *lines[start + 1 : i + 1]]):
                 i += 1
             command = "\n".join([lines[start][2:], *lines[start + 1 : i + 1]])
+            _refuse_heredoc(command, first_line + start, where)
             comment = trailing_comment(command)
             expected = None
             if comment is not None and comment.lstrip().startswith(("{", "[")):
@@ -296,9 +299,18 @@ def _console_steps(body: str, first_line: int, where: str) -> list[Step]:
     return steps
 
 
-def _continues(line: str) -> bool:
-    trailing = len(line) - len(line.rstrip("\\"))
-    return trailing % 2 == 1
+def _goes_on(lines: list[str]) -> bool:
+    """A command continues on the next line after a trailing ``\\`` or inside open quotes."""
+    trailing = len(lines[-1]) - len(lines[-1].rstrip("\\"))
+    return trailing % 2 == 1 or _scan("\n".join(lines)).quote_open
+
+
+def _refuse_heredoc(command: str, line: int, where: str) -> None:
+    if _scan(command).heredoc:
+        raise DocsBlockError(
+            f"{where}: line {line}: a here-document cannot be split into commands; "
+            "use a quoted argument or a file"
+        )
 
 
 def _expected(text: str, where: str) -> Expected:
@@ -313,11 +325,28 @@ def _expected(text: str, where: str) -> Expected:
 
 def trailing_comment(command: str) -> str | None:
     """The text after an unquoted ``#`` that starts a word on the command's last line."""
+    start = _scan(command).comment_at
+    return None if start is None else command[start + 1 :]
+
+
+@dataclass(frozen=True)
+class _Scanned:
+    comment_at: int | None  # the ``#`` of a comment on the last line
+    quote_open: bool  # the text ends inside quotes: the command goes on
+    heredoc: bool  # ``<<`` outside quotes and comments
+
+
+def _scan(text: str) -> _Scanned:
+    """Reads shell text as bash quotes and comments it (no expansions)."""
     quote: str | None = None
-    escaped = False
+    escaped = in_comment = heredoc = False
+    comment_at: int | None = None
     previous = "\n"
-    for index, char in enumerate(command):
-        if escaped:
+    for index, char in enumerate(text):
+        if in_comment:
+            if char == "\n":
+                in_comment, comment_at = False, None
+        elif escaped:
             escaped = False
         elif quote == "'":
             quote = None if char == "'" else quote
@@ -328,10 +357,13 @@ def trailing_comment(command: str) -> str | None:
         elif char in "'\"":
             quote = char
         elif char == "#" and previous.isspace():
-            comment = command[index + 1 :]
-            return None if "\n" in comment else comment
+            in_comment, comment_at = True, index
+        elif (
+            text.startswith("<<", index) and previous != "<" and text[index + 2 : index + 3] != "<"
+        ):
+            heredoc = True  # `<<WORD`, not the here-string `<<<`
         previous = char
-    return None
+    return _Scanned(comment_at, quote is not None, heredoc)
 
 
 def is_serve_command(command: str) -> bool:

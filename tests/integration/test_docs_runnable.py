@@ -22,10 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ import pytest
 from harombe.cli.common import EXIT_INTERRUPTED
 from harombe.security.runtime.docker import DockerManager
 from harombe.security.runtime.sandbox import LABEL_MANAGED, LABEL_OWNER
-from tests.docs_blocks import Block, Step, mismatch, shell_blocks
+from tests.docs_blocks import Block, Marker, Step, mismatch, shell_blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 PORT = 8000  # the docs' own: `curl -s localhost:8000/...`
@@ -238,20 +240,26 @@ def run_block(block: Block, tmp: Path) -> BlockRun:
     return run
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[b.where for b in RUNNABLE])
-async def test_a_runnable_block_prints_what_the_docs_show(
-    block: Block, docker_manager: DockerManager, tmp_path: Path
-) -> None:
-    """The block's commands run verbatim, each exits 0 and prints the output shown, and no
-    sandbox of theirs is left behind."""
-    run = await asyncio.to_thread(run_block, block, tmp_path)
+async def run_and_sweep(block: Block, tmp: Path, docker_manager: DockerManager) -> BlockRun:
+    """Runs the block; a sandbox its processes left is a problem, and is removed."""
+    run = await asyncio.to_thread(run_block, block, tmp)
     managed = await docker_manager.list_containers({LABEL_MANAGED: "1"})
     left = [c for c in managed if c.labels.get(LABEL_OWNER, "") in run.owners]
     for container in left:
         await docker_manager.remove_container(container.id)
     if left:
         run.problems.append(f"{len(left)} sandbox(es) left in Docker by the block's processes")
-    assert not run.problems, f"{block.where}:\n" + "\n".join(run.problems)
+    return run
+
+
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b.where for b in RUNNABLE])
+async def test_a_runnable_block_prints_what_the_docs_show(
+    block: Block, docker_manager: DockerManager, tmp_path: Path
+) -> None:
+    """The block's commands run verbatim, each exits 0 and prints the output shown, and no
+    sandbox of theirs is left behind."""
+    problems = (await run_and_sweep(block, tmp_path, docker_manager)).problems
+    assert not problems, f"{block.where}:\n" + "\n".join(problems)
 
 
 def test_the_docs_have_runnable_blocks() -> None:
@@ -260,3 +268,50 @@ def test_the_docs_have_runnable_blocks() -> None:
     assert any(w.startswith("README.md:") for w in where)
     serve = [b for b in RUNNABLE if b.marker is not None and b.marker.serve]
     assert any("curl -s localhost:8000/execute" in b.body for b in serve)
+
+
+def made_up(body: str, *, timeout_s: float) -> Block:
+    return Block("made-up.md", 1, "bash", body, Marker(runnable=True, timeout_s=timeout_s))
+
+
+def test_wrong_output_a_failed_command_and_a_timeout_are_each_reported(tmp_path: Path) -> None:
+    """The runner can fail: output other than shown, a non-zero exit and a block past its
+    timeout are each reported with the command's line."""
+    block = made_up("echo 41\n# 42\nfalse\nsleep 60", timeout_s=3)
+    problems = "\n".join(run_block(block, tmp_path).problems)
+    assert "made-up.md:2 `echo 41`: not the output shown: line 1: shown '42', got '41'" in problems
+    assert "made-up.md:4 `false`: exit 1" in problems
+    assert "made-up.md:5 `sleep 60`: did not finish" in problems
+    assert "the commands did not finish within 3 s" in problems
+
+
+LEAK = """
+import asyncio, os
+from harombe.security.docker_manager import DockerManager
+from harombe.security.sandbox_manager import SandboxManager
+
+async def main():
+    docker_manager = DockerManager()
+    await docker_manager.start()
+    sandbox_manager = SandboxManager(docker_manager=docker_manager, runtime="runsc")
+    await sandbox_manager.start()
+    await sandbox_manager.create_sandbox("python")
+    os._exit(0)  # no stop(): its sandbox stays in Docker
+
+asyncio.run(main())
+"""
+
+
+async def test_a_sandbox_left_behind_fails_the_block_and_is_removed(
+    docker_manager: DockerManager, tmp_path: Path
+) -> None:
+    """A block whose process exits without removing its sandbox fails, and the test removes
+    the sandbox."""
+    (tmp_path / "leak.py").write_text(LEAK, encoding="utf-8")
+    block = made_up(f"{sys.executable} {tmp_path / 'leak.py'}", timeout_s=120)
+    run = await run_and_sweep(block, tmp_path, docker_manager)
+    assert run.problems, "a sandbox was left and nothing was reported"
+    assert re.fullmatch(r"[1-9]\d* sandbox\(es\) left in Docker by the block's processes",
+                        run.problems[-1]), run.problems  # fmt: skip
+    managed = await docker_manager.list_containers({LABEL_MANAGED: "1"})
+    assert not [c.id for c in managed if c.labels.get(LABEL_OWNER, "") in run.owners]

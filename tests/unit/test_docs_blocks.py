@@ -159,6 +159,18 @@ def test_script_blocks_split_into_commands_and_shown_output() -> None:
     ]  # fmt: skip
 
 
+def test_a_quote_open_at_the_end_of_a_line_continues_the_command() -> None:
+    """A quoted argument over several lines is one command; a here-string is no here-doc."""
+    steps = one_block(
+        "<!-- runnable -->\n```bash\npython3 -c 'a = 1\n# not output\nprint(a)'\n# 1\n"
+        "cat <<< hi\n# hi\n```\n"
+    )
+    assert steps == [
+        Step("python3 -c 'a = 1\n# not output\nprint(a)'", 3, Expected("text", "1")),
+        Step("cat <<< hi", 7, Expected("text", "hi")),
+    ]
+
+
 def test_console_blocks_read_prompts_and_output() -> None:
     """`$ ` lines are commands, the lines up to the next one their output."""
     steps = one_block(
@@ -178,8 +190,9 @@ def test_console_blocks_read_prompts_and_output() -> None:
         ('curl x\n# {"a": }', "not JSON"),
         ("# only prose", "no command"),
         (".venv/bin/harombe serve", "mark the block <!-- runnable: serve -->"),
+        ("cat <<EOF\nhi\nEOF", "here-document"),
     ],
-    ids=["output-twice", "bad-json", "no-command", "serve-unmarked"],
+    ids=["output-twice", "bad-json", "no-command", "serve-unmarked", "heredoc"],
 )
 def test_unreadable_blocks_are_refused(body: str, says: str) -> None:
     """A runnable block whose commands or output cannot be read is an error, never a pass."""
