@@ -315,3 +315,18 @@ async def test_a_sandbox_left_behind_fails_the_block_and_is_removed(
                         run.problems[-1]), run.problems  # fmt: skip
     managed = await docker_manager.list_containers({LABEL_MANAGED: "1"})
     assert not [c.id for c in managed if c.labels.get(LABEL_OWNER, "") in run.owners]
+
+
+def test_port_8000_in_use_fails_with_a_clear_message(tmp_path: Path) -> None:
+    """A serve block never moves to another port: 8000 taken is a failure that says so."""
+    block = Block("made-up.md", 1, "bash", "curl -s localhost:8000/healthz",
+                  Marker(runnable=True, serve=True))  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        if not _port_in_use():  # else someone else holds it, which must fail the same way
+            listener = stack.enter_context(socket.socket())
+            listener.bind(("127.0.0.1", PORT))
+            listener.listen()
+        with pytest.raises(
+            AssertionError, match=re.escape("port 8000 on 127.0.0.1 is already in use")
+        ):
+            run_block(block, tmp_path)

@@ -274,8 +274,8 @@ def test_trailing_comments_are_found_outside_quotes(command: str, comment: str |
 )  # fmt: skip
 def test_output_is_compared_as_the_docs_say(shown: str, stdout: str, why: str | None) -> None:
     """JSON compared as values with … placeholders; text line by line."""
-    kind = "json" if shown.startswith(("{", "[")) else "text"
-    found = mismatch(Expected(kind, shown), stdout)
+    expected = Expected("json", shown) if shown.startswith(("{", "[")) else Expected("text", shown)
+    found = mismatch(expected, stdout)
     if why is None:
         assert found is None
     else:
