@@ -148,6 +148,8 @@ def _wait_until_serving(process: subprocess.Popen[bytes], log: Path) -> str | No
 
 def _stop(process: subprocess.Popen[bytes], first: signal.Signals, grace_s: float) -> int | None:
     """Signals the process group; SIGKILL after ``grace_s``. The exit code, None if killed."""
+    if process.poll() is not None:
+        return process.returncode  # gone already: its group id may not be ours any more
     try:
         os.killpg(process.pid, first)
         return process.wait(grace_s)
