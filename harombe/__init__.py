@@ -15,11 +15,31 @@ _LAZY = {
     "MountLimits": "harombe.mounts",
     "sandbox": "harombe.decorator",
     "sandbox_async": "harombe.decorator",
+    "RunResult": "harombe.mounts_compat",
+    "SandboxConfig": "harombe.mounts_compat",
+    "get_default_sandbox_config": "harombe.mounts_compat",
 }
+#: Every error, as pctx-sandbox users import them: ``from harombe import SandboxExecutionError``.
+_ERRORS = (
+    "HarombeError", "ConfigError", "UsageError", "InvalidArgumentError", "UnknownToolError",
+    "FileError", "MountError", "InfrastructureError", "DockerUnavailableError",
+    "RuntimeNotAvailableError", "InsecureRuntimeError", "ImageNotFoundError", "BuildError",
+    "SandboxStartError", "SandboxStartupError", "SandboxLostError", "LimitNotAppliedError",
+    "PackageFetchError", "PackageNotFoundError", "SandboxExecutionError", "SandboxTimeoutError",
+    "SerializationError", "DependencyInstallError", "SandboxNotFoundError", "PolicyError",
+    "WorkspacePathError", "PackageSpecError", "ApprovalDeniedError", "GuardrailError",
+)  # fmt: skip
+_LAZY.update(dict.fromkeys(_ERRORS, "harombe.errors"))
 
 if TYPE_CHECKING:  # what type checkers see of the lazy names
     from harombe.decorator import sandbox as sandbox
     from harombe.decorator import sandbox_async as sandbox_async
+    from harombe.errors import *  # noqa: F403
+    from harombe.mounts import run_sandboxed as run_sandboxed
+    from harombe.mounts import run_sandboxed_async as run_sandboxed_async
+    from harombe.mounts_compat import RunResult as RunResult
+    from harombe.mounts_compat import SandboxConfig as SandboxConfig
+    from harombe.mounts_compat import get_default_sandbox_config as get_default_sandbox_config
 
 
 def __getattr__(name: str) -> object:

@@ -35,7 +35,15 @@ from typing import Any
 import structlog
 
 from harombe.config import LANGUAGES, HarombeConfig
-from harombe.errors import HarombeError, MountError, UsageError
+from harombe.errors import (
+    DependencyInstallError,
+    HarombeError,
+    MountError,
+    PackageFetchError,
+    PackageSpecError,
+    UsageError,
+)
+from harombe.mounts_compat import RunResult, SandboxConfig, get_default_sandbox_config, read_call
 from harombe.mounts_host import (
     MountLimits,
     Plan,
@@ -48,7 +56,14 @@ from harombe.security.runtime.manager import SandboxManager
 from harombe.security.runtime.sandbox import MNT, ExecutionResult, Sandbox
 from harombe.security.runtime.tasks import settle
 
-__all__ = ["MountLimits", "run_sandboxed", "run_sandboxed_async"]
+__all__ = [
+    "MountLimits",
+    "RunResult",
+    "SandboxConfig",
+    "get_default_sandbox_config",
+    "run_sandboxed",
+    "run_sandboxed_async",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +82,8 @@ OutputCallback = Callable[[str, bytes], Any]
 
 
 def run_sandboxed(
+    conf: SandboxConfig | HarombeConfig | str | None = None,
+    /,
     code: str | None = None,
     *,
     script_path: str | None = None,
@@ -77,21 +94,27 @@ def run_sandboxed(
     language: str | None = None,
     limits: MountLimits | None = None,
     config: HarombeConfig | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[RunResult, list[dict[str, Any]]]:
     """Run ``code`` (or the script at ``script_path`` under ``/mnt``) in a fresh sandbox with
     ``mnt_dir`` copied in at ``/mnt``; apply what the run changed there back to ``mnt_dir``.
 
-    Returns ``(result, changed_files)``. ``result`` is harombe's result dict (``status``,
-    ``exit_code``, ``stdout``, ``stderr``, …) plus ``refused`` (changes not applied, each with
-    its ``reason``) and ``mount_error`` (why nothing came back, or None). ``changed_files``
+    ``conf``, first and positional only, is sandbubble's: a :class:`SandboxConfig` (e.g.
+    :func:`get_default_sandbox_config`; see :mod:`harombe.mounts_compat` for how its fields
+    map), a harombe config, or left out; given a string there, it is the code, as before.
+
+    Returns ``(result, changed_files)``. ``result`` is a :class:`RunResult`: harombe's result
+    dict (``status``, ``exit_code``, ``stdout``, ``stderr``, …) plus ``refused`` (changes not
+    applied, each with its ``reason``) and ``mount_error`` (why nothing came back, or None),
+    whose keys also read as attributes, with sandbubble's ``res.returncode`` (the exit code).
+    ``changed_files``
     lists each applied change as ``{"path", "change": created|modified|deleted,
     "type": file|directory, "size_bytes"}``, paths relative to ``mnt_dir``. Plain sync code:
     it starts and stops its own sandbox manager (from inside a running event loop it does so
     on a thread of its own); :func:`run_sandboxed_async` can reuse a started one. Raises
     :class:`MountError` for a directory that cannot be copied in, :class:`UsageError` for bad
     arguments; user-code failures are data in ``result``."""
-    call = run_sandboxed_async(code, script_path=script_path, mnt_dir=mnt_dir, timeout=timeout,
-                               network=network, allowed_domains=allowed_domains,
+    call = run_sandboxed_async(conf, code, script_path=script_path, mnt_dir=mnt_dir,
+                               timeout=timeout, network=network, allowed_domains=allowed_domains,
                                language=language, limits=limits, config=config)  # fmt: skip
     try:
         asyncio.get_running_loop()
@@ -110,11 +133,13 @@ def run_sandboxed(
     worker.join()
     if "error" in done:
         raise done["error"]
-    value: tuple[dict[str, Any], list[dict[str, Any]]] = done["value"]
+    value: tuple[RunResult, list[dict[str, Any]]] = done["value"]
     return value
 
 
 async def run_sandboxed_async(
+    conf: SandboxConfig | HarombeConfig | str | None = None,
+    /,
     code: str | None = None,
     *,
     script_path: str | None = None,
@@ -127,10 +152,17 @@ async def run_sandboxed_async(
     config: HarombeConfig | None = None,
     manager: SandboxManager | None = None,
     on_output: OutputCallback | None = None,
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+) -> tuple[RunResult, list[dict[str, Any]]]:
     """:func:`run_sandboxed` for async code. With ``manager`` (started), the sandbox comes
     from it (its warm pool when offline); else one is started and stopped for this call.
     ``on_output(stream, data)`` gets the program's output as it is printed."""
+    asked = read_call(conf, code, config=config, network=network,
+                      allowed_domains=allowed_domains)  # fmt: skip
+    code, config, network, allowed_domains = (asked.code, asked.config, asked.network,
+                                              asked.allowed_domains)  # fmt: skip
+    if manager is not None and asked.limited:
+        raise UsageError("SandboxConfig's memory_mb and cpus apply to the manager run_sandboxed "
+                         "starts; with manager=, set them in that manager's config")  # fmt: skip
     lang = _language(code, script_path, language)
     if allowed_domains:
         network = True
@@ -144,14 +176,23 @@ async def run_sandboxed_async(
         if rel not in snap.files:
             raise UsageError(f"script_path {script_path!r} is not a file in mnt_dir "
                              f"{snap.root!r}; put it there first")  # fmt: skip
+    if asked.dependencies and lang != "python":
+        raise UsageError(f"venv_path's packages are for Python code, not {lang}; leave "
+                         "venv_path out of the SandboxConfig")  # fmt: skip
+    deps = asked.dependencies
     if manager is not None:
-        return await _run(manager, code, script_path, snap, lang=lang, timeout_s=timeout,
-                          network=network, allowed_domains=allowed_domains, limits=limits,
-                          on_output=on_output)  # fmt: skip
-    async with _own_manager(config) as own:
-        return await _run(own, code, script_path, snap, lang=lang, timeout_s=timeout,
-                          network=network, allowed_domains=allowed_domains, limits=limits,
-                          on_output=on_output)  # fmt: skip
+        out, changed = await _run(manager, code, script_path, snap, lang=lang,
+                                  timeout_s=timeout, network=network,
+                                  allowed_domains=allowed_domains, limits=limits,
+                                  on_output=on_output, dependencies=deps)  # fmt: skip
+    else:
+        async with _own_manager(config) as own:
+            out, changed = await _run(own, code, script_path, snap, lang=lang,
+                                      timeout_s=timeout, network=network,
+                                      allowed_domains=allowed_domains, limits=limits,
+                                      on_output=on_output, dependencies=deps)  # fmt: skip
+    out["warnings"] = [*asked.warnings, *out.get("warnings", [])]
+    return RunResult(out), changed
 
 
 def _language(code: object, script_path: object, language: str | None) -> str:
@@ -194,10 +235,14 @@ async def _own_manager(config: HarombeConfig | None) -> AsyncIterator[SandboxMan
 async def _run(
     manager: SandboxManager, code: str | None, script_path: str | None, snap: Snapshot | None,
     *, lang: str, timeout_s: float | None, network: bool, allowed_domains: Sequence[str],
-    limits: MountLimits, on_output: OutputCallback | None,
+    limits: MountLimits, on_output: OutputCallback | None, dependencies: Sequence[str] = (),
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
-    box = await manager.create_sandbox(lang, network_enabled=network,  # type: ignore[arg-type]
-                                       allowed_domains=tuple(allowed_domains))  # fmt: skip
+    try:  # dependencies (a venv's packages): a dependency environment, from the install cache
+        box = await manager.create_sandbox(lang, network_enabled=network,  # type: ignore[arg-type]
+                                           allowed_domains=tuple(allowed_domains),
+                                           environment=list(dependencies) or None)  # fmt: skip
+    except (PackageSpecError, PackageFetchError) as err:
+        raise DependencyInstallError(f"the packages of venv_path did not install: {err}") from err
     made = [box.sandbox_id]
     try:
         for archive in snap.archives if snap is not None else ():

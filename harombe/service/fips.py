@@ -115,7 +115,7 @@ async def execute(body: ExecuteRequest, request: Request) -> JSONResponse | dict
             {"error": "Code validation failed", "violations": list(result["violations"])},
             status_code=400,
         )
-    if "status" not in result:  # refused before it ran: denied, or the service is unwell
+    if result.get("status") is None:  # refused before it ran: denied, or the service is unwell
         problem = deps.problem_in_result(result)
         status = problem.status if problem is not None else 503
         return JSONResponse({"error": str(result.get("error"))}, status_code=status)

@@ -196,11 +196,11 @@ async def call_tool(
             result = await host.call(params.name, params.arguments, on_output=None,
                                      request=ctx.request)  # fmt: skip
     except HarombeError as err:
-        return error_result(err.kind, str(err))
+        return error_result(err.kind, str(err), params.name)
     except Exception as exc:
         log.exception("mcp.call_failed", tool=params.name)
         return error_result("InternalError", f"the call failed unexpectedly ({exc!r}); see the "
-                            "server's log")  # fmt: skip
+                            "server's log", params.name)  # fmt: skip
     finally:
         current_asker.reset(token)
     return to_call_result(result)

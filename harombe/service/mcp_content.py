@@ -18,6 +18,7 @@ from typing import Any
 import mcp_types as types
 
 from harombe.tools import schemas
+from harombe.tools.shapes import TEMPLATES, shaped
 
 #: Image types an MCP client is expected to render; other artifacts stay in the JSON only.
 IMAGE_MIME_TYPES = schemas.IMAGE_MIME_TYPES
@@ -59,7 +60,9 @@ def to_call_result(result: Mapping[str, Any]) -> types.CallToolResult:
     )
 
 
-def error_result(kind: str, message: str) -> types.CallToolResult:
-    """A tool error in the shape of a tool result (``success: false``, ``error``), for calls
-    refused before any tool ran."""
-    return to_call_result({"success": False, "error": f"{kind}: {message}"})
+def error_result(kind: str, message: str, tool: object = None) -> types.CallToolResult:
+    """A tool error in the shape of a tool result (``success: false``, ``error``; every key
+    of ``tool``'s result when it names a tool), for calls refused before any tool ran."""
+    refused = {"success": False, "error": f"{kind}: {message}"}
+    known = isinstance(tool, str) and tool in TEMPLATES
+    return to_call_result(shaped(str(tool), refused) if known else refused)

@@ -42,6 +42,7 @@ from harombe.service.mcp_approval import ElicitingApprover
 from harombe.service.problems import HTTPProblem
 from harombe.service.state import Service
 from harombe.tools import schemas
+from harombe.tools.shapes import TEMPLATES, shaped
 
 log = structlog.get_logger(__name__)
 
@@ -69,9 +70,10 @@ def client_tenant(service: Service, scope: Scope) -> Tenant:
     return tenant
 
 
-def _refused(kind: str, message: str, sandbox_id: object = None) -> dict[str, Any]:
+def _refused(tool: str, kind: str, message: str, sandbox_id: object = None) -> dict[str, Any]:
     sid = sandbox_id if isinstance(sandbox_id, str) else None
-    return {"success": False, "sandbox_id": sid, "error": f"{kind}: {message}"}
+    refused = {"success": False, "sandbox_id": sid, "error": f"{kind}: {message}"}
+    return shaped(tool, refused) if tool in TEMPLATES else refused
 
 
 class ServiceHost:
@@ -89,6 +91,7 @@ class ServiceHost:
         sid = arguments.get("sandbox_id") if isinstance(arguments, Mapping) else None
         if isinstance(sid, str) and not svc.owned(tenant, sid):
             return _refused(
+                name,
                 "SandboxNotFoundError",
                 f"{sid[:64]} does not exist, was destroyed, or is not yours; leave sandbox_id "
                 "out of code_execute to create one",
@@ -98,7 +101,7 @@ class ServiceHost:
             with self._slots(tenant, creates=name == "code_execute" and sid is None):
                 result = await schemas.dispatch(svc.tools, name, arguments, on_output=on_output)
         except HTTPProblem as problem:
-            return _refused(problem.kind, problem.message, sid)
+            return _refused(name, problem.kind, problem.message, sid)
         if name == "code_destroy_sandbox" and isinstance(sid, str) and result.get("success"):
             svc.disown(sid)
         svc.adopt(tenant, result)

@@ -75,7 +75,7 @@ def problem_from(err: errors.HarombeError) -> HTTPProblem:
 def problem_in_result(result: dict[str, Any]) -> HTTPProblem | None:
     """The problem a failed tool result reports, or ``None`` when it is an answer (success,
     or code that ran and failed: those are 200 with the result)."""
-    if result.get("success") or "status" in result:
+    if result.get("success") or result.get("status") is not None:
         return None  # a run happened: its outcome, failed or lost, is the answer
     text = str(result.get("error") or "")
     kind, _, message = text.partition(": ")

@@ -2,9 +2,10 @@
 
 Every method returns a result dict and never raises for anything an agent can cause: invalid
 arguments, policy refusals, unknown sandboxes, bad paths, failing code and lost sandboxes all
-come back as ``success: False`` with an ``error`` that starts with the error's kind. Each call
-emits exactly one ``tool.called`` audit event (sizes and outcome; code and file contents only
-at debug level).
+come back as ``success: False`` with an ``error`` that starts with the error's kind, and with
+every key of the tool's successful result (``stdout: ""``, ``exit_code: None``, …: the
+templates of :mod:`harombe.tools.shapes`). Each call emits exactly one ``tool.called`` audit
+event (sizes and outcome; code and file contents only at debug level).
 
 Every call goes through the same three steps, in this order:
 
@@ -17,7 +18,7 @@ Every call goes through the same three steps, in this order:
    the timeout it will get); a call that is not approved returns ``success: False`` with an
    ``ApprovalDeniedError`` naming the denial, the risk and the reasons;
 3. the manager acts on exactly the values the gate saw. Every result carries the decision
-   under ``approval``.
+   under ``approval`` (``None`` when no gate decided).
 
 What each tool does between those steps is its plan, in :mod:`harombe.tools.plans`.
 """
@@ -45,6 +46,7 @@ from harombe.tools import plans
 from harombe.tools.params import TOOL_ARGS, parse_args
 from harombe.tools.plans import Plan
 from harombe.tools.profiles import ProfileTable
+from harombe.tools.shapes import shaped
 
 log = structlog.get_logger(__name__)
 
@@ -138,7 +140,8 @@ class CodeExecutionTools:
             planned = made if isinstance(made, Plan) else await made
         except HarombeError as err:
             # Nothing was asked, created or touched: the arguments are refused as given.
-            result = _failure(err, **{k: _echo(v) for k, v in raw.items() if k in _ECHOED})
+            echoed = {k: _echo(v) for k, v in raw.items() if k in _ECHOED}
+            result = shaped(tool, _failure(err, **echoed))
             self._audit(tool, result, None, started, language=_echo(raw.get("language")))
             return result
         if self.hitl_gate is not None:
@@ -152,6 +155,8 @@ class CodeExecutionTools:
             result = await planned.run(decision)
         except HarombeError as err:
             result = _failure(err, **planned.fields)
+        # Every result, a failure before the run too, has the keys of the tool's success.
+        result = shaped(tool, result)
         lost = result.get("replaced_sandbox_id")
         if lost and self.hitl_gate is not None:
             # A lost sandbox's "approve for this sandbox" grants die with it; the replacement

@@ -23,7 +23,7 @@ from harombe.security.approval.gate import ApprovalDecision, HITLGate
 from harombe.security.policy.netpolicy import Allowlist
 from harombe.security.policy.paths import preview
 from harombe.security.policy.profiles import Profile
-from harombe.security.runtime.artifacts import binary_content
+from harombe.security.runtime.artifacts import binary_content, mime_type
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
 from harombe.tools.params import (
@@ -140,7 +140,7 @@ def install_package(
 
     async def run(_: ApprovalDecision | None) -> dict[str, Any]:
         result = await manager.install_package(args.sandbox_id, args.package, args.registry)
-        out = {
+        return {
             "success": result.success,
             **fields,
             "sandbox_id": result.sandbox_id,
@@ -148,10 +148,8 @@ def install_package(
             "stderr": result.stderr,
             "error": result.error,
             "warnings": result.warnings,
+            "replaced_sandbox_id": result.replaced_sandbox_id or None,
         }
-        if result.replaced_sandbox_id:
-            out["replaced_sandbox_id"] = result.replaced_sandbox_id
-        return out
 
     return Plan(dict(fields), fields, run)
 
@@ -181,6 +179,8 @@ def read_file(manager: SandboxManager, gate: HITLGate | None, args: ReadFileArgs
         out = {**fields, "content": None, "read_bytes": len(data), "error": None}
         if args.encoding == "base64":
             return {"success": True, **out, **binary_content(args.file_path, data)}
+        # A text read has the binary read's keys too: one shape per tool.
+        out.update(encoding="utf-8", size_bytes=len(data), mime_type=mime_type(args.file_path))
         try:
             out["content"] = data.decode("utf-8")
         except UnicodeDecodeError as exc:

@@ -34,6 +34,7 @@ from harombe.security.runtime.artifacts import utf8_text
 from harombe.security.runtime.channel import OutputCallback
 from harombe.tools.code_execution import CodeExecutionTools
 from harombe.tools.params import TOOL_ARGS, ToolArgs, parse_args
+from harombe.tools.shapes import TEMPLATES, shaped
 
 log = structlog.get_logger(__name__)
 
@@ -194,7 +195,10 @@ async def dispatch(
         kwargs = _arguments(name, arguments)
     except HarombeError as err:
         log.info("tool.dispatch_refused", tool=shown, error_kind=err.kind)
-        return {"success": False, "tool": shown, "error": f"{err.kind}: {err}"}
+        refused = {"success": False, "error": f"{err.kind}: {err}"}
+        if shown is not None and shown in TEMPLATES:  # a known tool: its result's full shape
+            return shaped(shown, refused)
+        return {"success": False, "tool": shown, "error": refused["error"]}
     if name == "code_execute" and on_output is not None:
         kwargs["on_output"] = on_output
     method = getattr(tools, name)

@@ -139,6 +139,7 @@ BASE = {"harombe.config", "harombe.config_environments", "harombe.config_service
 #: The modules above every room: the package, the CLI (``harombe.__main__`` and every
 #: ``harombe.cli`` module), the security package's docstring.
 TOP = {"harombe", "harombe.__main__", "harombe.security", "harombe.mounts", "harombe.mounts_host",
+       "harombe.mounts_compat",
        "harombe.mounts_scan",
        "harombe.decorator", "harombe.decorator_call", "harombe.decorator_runner",
        "harombe.decorator_wire", "harombe.decorator_encode",

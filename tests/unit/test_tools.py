@@ -201,6 +201,6 @@ async def test_a_refused_call_is_audited_once_and_never_decided() -> None:
     with capture_events() as events:
         result = await tools.code_execute("python", "print(1)", network_enabled="false")  # type: ignore[arg-type]
     assert result["error"].startswith("InvalidArgumentError: network_enabled")
-    assert "approval" not in result
+    assert result["approval"] is None  # nobody was asked
     assert [e["event"] for e in events] == ["tool.called"]
     assert events[0]["error_kind"] == "InvalidArgumentError" and events[0]["success"] is False

@@ -1,0 +1,205 @@
+"""sandbubble's way of calling :func:`harombe.run_sandboxed`: a config object first, and a
+result read by attribute.
+
+::
+
+    from harombe import get_default_sandbox_config, run_sandboxed
+
+    conf = get_default_sandbox_config()
+    res, _files = run_sandboxed(conf, code="print('hello from sandbox')", timeout=5)
+    print(res.returncode, res.stdout, res.stderr)     # also res["exit_code"], res["stdout"]
+
+:class:`SandboxConfig`'s fields map onto harombe's: ``enable_network`` is the sandbox's network,
+which harombe only gives with a list of hosts (``allowed_domains``); ``venv_path``'s packages
+are installed into the sandbox (through the host's install cache) rather than bound in;
+``memory_mb`` and ``cpus`` are the sandbox's limits. ``apparmor_profile_name`` has nothing to
+constrain (the sandbox is a gVisor kernel, not an AppArmor-confined process): the result's
+``warnings`` say so. A field that cannot be honoured is a :class:`UsageError` naming the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from harombe.config import HarombeConfig, override
+from harombe.errors import UsageError
+
+__all__ = ["RunResult", "SandboxConfig", "get_default_sandbox_config"]
+
+#: sandbubble's environment variables for its default config.
+VENV_VARIABLE = "CODEEXEC_SANDBOX_VENV"
+APPARMOR_VARIABLE = "CODEEXEC_SANDBOX_AA_PROFILE_NAME"
+#: What every virtualenv holds: not dependencies of the code.
+VENV_TOOLING = frozenset({"pip", "setuptools", "wheel", "distribute", "pkg-resources"})
+
+
+class RunResult(dict[str, Any]):
+    """:func:`~harombe.run_sandboxed`'s result: the result dict (``res["stdout"]``, ``==`` a
+    dict, ``json.dumps(res)``), whose keys also read as attributes (``res.stdout``,
+    ``res.status``, ``res.refused``), plus sandbubble's ``res.returncode`` (the exit code;
+    ``None`` when the program never ran)."""
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            keys = ", ".join(sorted(self))
+            raise AttributeError(f"the run's result has no {name!r}; it has {keys}") from None
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self})
+
+    @property
+    def returncode(self) -> int | None:
+        """The program's exit code (``exit_code``), as ``subprocess`` names it."""
+        code = self.get("exit_code")
+        return code if isinstance(code, int) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """sandbubble's ``SandboxConfig``, read by harombe (see the module docstring).
+
+    ``venv_path``: a virtualenv whose packages the code needs (they are installed in the
+    sandbox, pinned to the venv's versions); ``apparmor_profile_name``: accepted, not used (a
+    warning in the result says so); ``enable_network``: with ``allowed_domains``, the hosts the
+    code may reach through harombe's egress proxy (harombe never opens the whole network);
+    ``memory_mb``, ``cpus``: the sandbox's limits; ``config``: the harombe config to start
+    from (``None``: :func:`harombe.config.load_config`)."""
+
+    venv_path: str | os.PathLike[str] | None = None
+    apparmor_profile_name: str | None = None
+    enable_network: bool = False
+    allowed_domains: Sequence[str] = ()
+    memory_mb: int | None = None
+    cpus: float | None = None
+    config: HarombeConfig | None = None
+
+
+def get_default_sandbox_config() -> SandboxConfig:
+    """The default config: no network, the configured limits; ``venv_path`` and
+    ``apparmor_profile_name`` from sandbubble's variables (``CODEEXEC_SANDBOX_VENV``,
+    ``CODEEXEC_SANDBOX_AA_PROFILE_NAME``) when they are set."""
+    return SandboxConfig(
+        venv_path=os.environ.get(VENV_VARIABLE) or None,
+        apparmor_profile_name=os.environ.get(APPARMOR_VARIABLE) or None,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """What a :class:`SandboxConfig` (or a harombe config) asks of one run."""
+
+    code: str | None
+    config: HarombeConfig | None
+    network: bool
+    allowed_domains: tuple[str, ...]
+    dependencies: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    limited: bool = False  # memory or CPU limits of its own: needs a manager of its own
+
+
+def read_call(
+    conf: object,
+    code: str | None,
+    *,
+    config: HarombeConfig | None,
+    network: bool,
+    allowed_domains: Sequence[str],
+) -> Call:
+    """The run that ``run_sandboxed(conf, code=..., ...)`` asks for. ``conf`` is a
+    :class:`SandboxConfig`, a :class:`HarombeConfig`, ``None``, or (as before configs were
+    accepted there) the code itself. Raises :class:`UsageError` naming the fix."""
+    if isinstance(conf, str):
+        if code is not None:
+            raise UsageError(
+                "run_sandboxed got the code twice (first argument and code=); pass a "
+                "SandboxConfig first, or the code once"
+            )
+        return Call(conf, config, network, tuple(allowed_domains))
+    if conf is None or isinstance(conf, HarombeConfig):
+        if conf is not None and config is not None:
+            raise UsageError("run_sandboxed got two harombe configs (first argument and "
+                             "config=); pass one")  # fmt: skip
+        return Call(code, config or conf, network, tuple(allowed_domains))
+    if not isinstance(conf, SandboxConfig):
+        raise UsageError(
+            f"run_sandboxed's first argument is a config: a harombe.SandboxConfig (e.g. "
+            f"get_default_sandbox_config()) or a harombe.config.HarombeConfig, not "
+            f"{type(conf).__name__}; pass the code as code=..."
+        )
+    return _from_sandbox_config(conf, code, config=config, network=network,
+                                allowed_domains=allowed_domains)  # fmt: skip
+
+
+def _from_sandbox_config(
+    conf: SandboxConfig,
+    code: str | None,
+    *,
+    config: HarombeConfig | None,
+    network: bool,
+    allowed_domains: Sequence[str],
+) -> Call:
+    if config is not None and conf.config is not None:
+        raise UsageError("run_sandboxed got two harombe configs (SandboxConfig.config and "
+                         "config=); pass one")  # fmt: skip
+    domains = tuple(allowed_domains) or tuple(conf.allowed_domains)
+    if isinstance(conf.allowed_domains, str):
+        raise UsageError(f"SandboxConfig.allowed_domains is a list of host names; write "
+                         f"[{conf.allowed_domains!r}]")  # fmt: skip
+    if conf.allowed_domains and not conf.enable_network:
+        raise UsageError(
+            "SandboxConfig lists allowed_domains with enable_network=False; set "
+            "enable_network=True to let the code reach them, or drop the list"
+        )
+    if conf.enable_network and not domains:
+        raise UsageError(
+            "SandboxConfig(enable_network=True) asks for the whole network, which harombe "
+            "never gives a sandbox; list the hosts the code may reach: SandboxConfig("
+            "enable_network=True, allowed_domains=['api.example.com'])"
+        )
+    base = config or conf.config
+    limited = conf.memory_mb is not None or conf.cpus is not None
+    if limited:
+        from harombe.config import load_config
+
+        base = override(base or load_config(), max_memory_mb=conf.memory_mb,
+                        max_cpu_cores=conf.cpus)  # fmt: skip
+    warnings: tuple[str, ...] = ()
+    if conf.apparmor_profile_name:
+        warnings = (
+            f"apparmor_profile_name {conf.apparmor_profile_name!r} is not used: harombe runs "
+            "the code in a gVisor sandbox (its own kernel), not under an AppArmor profile",
+        )
+    return Call(
+        code, base, network or conf.enable_network or bool(domains), domains,
+        dependencies=venv_requirements(conf.venv_path) if conf.venv_path else (),
+        warnings=warnings, limited=limited,
+    )  # fmt: skip
+
+
+def venv_requirements(venv_path: str | os.PathLike[str]) -> tuple[str, ...]:
+    """The packages installed in the virtualenv at ``venv_path``, as pinned requirements
+    (``name==version``), without pip and the other tools every venv has. Raises
+    :class:`UsageError` when ``venv_path`` is not a virtualenv."""
+    root = Path(venv_path)
+    if not (root / "pyvenv.cfg").is_file():
+        raise UsageError(
+            f"venv_path {str(venv_path)[:200]!r} is not a virtualenv (it has no pyvenv.cfg); "
+            "give the path of the venv whose packages the code needs, or leave venv_path out"
+        )
+    found = [str(p) for p in sorted(root.glob("lib*/python*/site-packages")) if p.is_dir()]
+    pins: dict[str, str] = {}
+    for dist in metadata.distributions(path=found):
+        name = dist.name
+        if not name or name.lower().replace("_", "-") in VENV_TOOLING:
+            continue
+        pins.setdefault(name.lower(), f"{name}=={dist.version}")
+    return tuple(pins[key] for key in sorted(pins))

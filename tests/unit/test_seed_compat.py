@@ -1,0 +1,223 @@
+"""The seeds' call styles, without Docker: pctx-sandbox's errors imported from ``harombe``,
+sandbubble's config object first and its result read by attribute."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import harombe
+from harombe import errors
+from harombe.config import parse_config
+from harombe.errors import UsageError
+from harombe.mounts import run_sandboxed, run_sandboxed_async
+from harombe.mounts_compat import (
+    RunResult,
+    SandboxConfig,
+    get_default_sandbox_config,
+    read_call,
+    venv_requirements,
+)
+
+ERRORS = sorted(
+    name
+    for name, value in vars(errors).items()
+    if isinstance(value, type) and issubclass(value, errors.HarombeError)
+)
+
+
+@pytest.mark.parametrize("name", ERRORS)
+def test_every_error_is_importable_from_harombe(name: str) -> None:
+    """``from harombe import SandboxExecutionError`` (pctx's import) for every harombe error:
+    whatever a decorated call or run_sandboxed raises can be caught by that name."""
+    assert getattr(harombe, name) is getattr(errors, name)
+
+
+def test_pctx_imports_work_as_written() -> None:
+    """pctx-sandbox's names, imported from harombe in one line, are the decorator's."""
+    from harombe import (
+        DependencyInstallError,
+        SandboxExecutionError,
+        SandboxStartupError,
+        SandboxTimeoutError,
+        SerializationError,
+        sandbox,
+        sandbox_async,
+    )
+
+    assert issubclass(SandboxTimeoutError, SandboxExecutionError)
+    for error in (DependencyInstallError, SandboxStartupError, SerializationError):
+        assert getattr(errors, error.__name__) is error
+    assert callable(sandbox) and callable(sandbox_async)
+
+
+def test_importing_the_errors_stays_light() -> None:
+    """The errors and sandbubble's config come without the sandbox manager or the decorator."""
+    code = (
+        "import sys\nfrom harombe import SandboxExecutionError, SandboxConfig, "
+        "get_default_sandbox_config\nheavy = [m for m in ('harombe.mounts', 'harombe.decorator', "
+        "'harombe.security.runtime.manager') if m in sys.modules]\nprint(heavy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+RESULT = {"success": True, "exit_code": 0, "stdout": "hi\n", "stderr": "", "status": "ok",
+          "refused": [], "mount_error": None, "warnings": []}  # fmt: skip
+
+
+def test_a_run_result_reads_as_attributes_and_as_the_dict() -> None:
+    """``res.returncode``/``res.stdout`` as sandbubble's, ``res["stdout"]`` as before; equal to
+    the dict, JSON as the dict, the same keys."""
+    res = RunResult(RESULT)
+    assert (res.returncode, res.stdout, res.stderr, res.status) == (0, "hi\n", "", "ok")
+    assert res["stdout"] == "hi\n" and res == RESULT and dict(res) == RESULT
+    assert list(res.keys()) == list(RESULT) and "returncode" not in res
+    assert json.loads(json.dumps(res)) == RESULT and json.dumps(dict(res)) == json.dumps(RESULT)
+    assert "stdout" in dir(res) and "returncode" in dir(res)
+
+
+def test_a_run_result_copies_and_pickles_as_itself() -> None:
+    """copy, deepcopy and pickle keep the type and the keys."""
+    res = RunResult(RESULT)
+    for again in (copy.copy(res), copy.deepcopy(res), pickle.loads(pickle.dumps(res))):
+        assert type(again) is RunResult and again == res and again.stdout == "hi\n"
+
+
+def test_a_missing_attribute_names_the_keys() -> None:
+    """An attribute that is no key is an AttributeError listing the keys there are."""
+    with pytest.raises(AttributeError, match=r"no 'returncod'.*exit_code"):
+        _ = RunResult(RESULT).returncod
+
+
+@pytest.mark.parametrize(("exit_code", "returncode"), [(3, 3), (None, None), (-1, -1)])
+def test_returncode_is_the_exit_code(exit_code: object, returncode: object) -> None:
+    """``returncode`` is ``exit_code``; ``None`` when nothing ran."""
+    assert RunResult({"exit_code": exit_code}).returncode == returncode
+
+
+def test_the_config_is_positional_only() -> None:
+    """The first parameter is the config, positional only: a config and code=... never give
+    "multiple values for argument 'code'"."""
+    for func in (run_sandboxed, run_sandboxed_async):
+        first, second = list(inspect.signature(func).parameters.values())[:2]
+        assert (first.name, first.kind) == ("conf", inspect.Parameter.POSITIONAL_ONLY)
+        assert second.name == "code"
+
+
+def read(conf: object, code: str | None = "print(1)", **kw: Any) -> Any:
+    kw.setdefault("config", None)
+    kw.setdefault("network", False)
+    kw.setdefault("allowed_domains", ())
+    return read_call(conf, code, **kw)
+
+
+def test_the_default_config_has_no_network_and_nothing_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """get_default_sandbox_config(): no network, no packages, no warnings."""
+    monkeypatch.delenv("CODEEXEC_SANDBOX_VENV", raising=False)
+    monkeypatch.delenv("CODEEXEC_SANDBOX_AA_PROFILE_NAME", raising=False)
+    call = read(get_default_sandbox_config())
+    assert (call.code, call.network, call.allowed_domains) == ("print(1)", False, ())
+    assert (call.dependencies, call.warnings, call.config) == ((), (), None)
+
+
+def test_the_default_config_reads_sandbubbles_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """CODEEXEC_SANDBOX_VENV and CODEEXEC_SANDBOX_AA_PROFILE_NAME fill the default config."""
+    monkeypatch.setenv("CODEEXEC_SANDBOX_VENV", str(tmp_path))
+    monkeypatch.setenv("CODEEXEC_SANDBOX_AA_PROFILE_NAME", "my_sandbox_profile")
+    conf = get_default_sandbox_config()
+    assert (conf.venv_path, conf.apparmor_profile_name) == (str(tmp_path), "my_sandbox_profile")
+
+
+def test_code_as_the_first_argument_still_works() -> None:
+    """``run_sandboxed("print(1)")``: a string first is the code, as before configs."""
+    assert read("print(2)", code=None).code == "print(2)"
+    with pytest.raises(UsageError, match="code twice"):
+        read("print(2)", code="print(3)")
+
+
+def test_a_harombe_config_may_come_first() -> None:
+    """A HarombeConfig first is the config; two configs are refused."""
+    cfg = parse_config({})
+    assert read(cfg).config is cfg
+    with pytest.raises(UsageError, match="two harombe configs"):
+        read(cfg, config=cfg)
+
+
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        (SandboxConfig(enable_network=True), r"whole network.*allowed_domains=\['api"),
+        (SandboxConfig(allowed_domains=["example.com"]), "enable_network=True"),
+        (SandboxConfig(enable_network=True, allowed_domains="example.com"), r"\['example.com'\]"),
+        (SandboxConfig(venv_path="/path/to/venv"), "not a virtualenv.*leave venv_path out"),
+        ({"enable_network": False}, "harombe.SandboxConfig"),
+    ],
+    ids=["network-without-hosts", "hosts-without-network", "hosts-as-text", "no-venv", "a-dict"],
+)
+def test_what_cannot_be_honoured_is_refused_with_the_fix(conf: object, match: str) -> None:
+    """A field harombe cannot honour is a UsageError naming what to write instead."""
+    with pytest.raises(UsageError, match=match):
+        read(conf)
+
+
+def test_network_is_the_listed_hosts() -> None:
+    """enable_network with allowed_domains: the sandbox's network, limited to those hosts."""
+    call = read(SandboxConfig(enable_network=True, allowed_domains=["api.example.com"]))
+    assert (call.network, call.allowed_domains) == (True, ("api.example.com",))
+
+
+def test_limits_become_the_configs() -> None:
+    """memory_mb and cpus become the sandbox limits of the run's own manager."""
+    cfg = parse_config({})
+    call = read(SandboxConfig(memory_mb=256, cpus=0.25, config=cfg))
+    limits = call.config.security.sandbox.limits
+    assert (limits.max_memory_mb, limits.max_cpu_cores, call.limited) == (256, 0.25, True)
+
+
+async def test_limits_with_a_started_manager_are_refused() -> None:
+    """memory_mb cannot change a manager already started: refused before anything runs."""
+    with pytest.raises(UsageError, match="memory_mb and cpus"):
+        await run_sandboxed_async(SandboxConfig(memory_mb=256), code="1", manager=object())  # type: ignore[arg-type]
+
+
+def test_an_apparmor_profile_is_reported_not_dropped() -> None:
+    """apparmor_profile_name has nothing to confine in gVisor: the result's warnings say so."""
+    (warning,) = read(SandboxConfig(apparmor_profile_name="my_sandbox_profile")).warnings
+    assert "'my_sandbox_profile' is not used" in warning and "gVisor" in warning
+
+
+def _venv(root: Path, *dists: tuple[str, str]) -> Path:
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    site = root / "lib" / "python3.12" / "site-packages"
+    site.mkdir(parents=True)
+    for name, version in dists:
+        info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return root
+
+
+def test_a_venvs_packages_become_pinned_dependencies(tmp_path: Path) -> None:
+    """venv_path: its packages pinned to their versions, pip and setuptools left out."""
+    venv = _venv(tmp_path, ("toml", "0.10.2"), ("pip", "24.0"), ("setuptools", "69.0"),
+                 ("Six", "1.16.0"))  # fmt: skip
+    assert venv_requirements(venv) == ("Six==1.16.0", "toml==0.10.2")
+    assert read(SandboxConfig(venv_path=venv)).dependencies == ("Six==1.16.0", "toml==0.10.2")
+
+
+def test_an_empty_venv_installs_nothing(tmp_path: Path) -> None:
+    """A venv with only its tools adds no dependencies."""
+    assert venv_requirements(_venv(tmp_path, ("pip", "24.0"))) == ()
