@@ -14,6 +14,7 @@ misspelt limit that is silently ignored is a limit that does not exist.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -103,9 +104,24 @@ MAX_REGISTRY_URL_CHARS = 2048
 MAX_REGISTRY_URLS = 16
 
 
+#: A bare host name (``files.example.org``) or IPv4 address: an allowed download host.
+HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$",
+    re.IGNORECASE,
+)
+
+
+def is_host_name(entry: str) -> bool:
+    """Whether an ``allowed_registries`` entry is a bare host name rather than a URL."""
+    return bool(HOST_NAME.match(entry)) and entry.isascii()
+
+
 def _registry_url(registry: str, url: object) -> str:
-    """``url`` if it is a plain http(s) URL pip / npm can be given as one argument."""
+    """``url`` if it is a plain http(s) URL pip / npm can be given as one argument, or a bare
+    host name (lower-cased)."""
     text = url if isinstance(url, str) else ""
+    if is_host_name(text):
+        return text.lower()
     if len(text) > MAX_REGISTRY_URL_CHARS:
         raise ValueError(
             f"allowed_registries.{registry} holds a URL of {len(text)} characters, over "
@@ -119,8 +135,10 @@ def _registry_url(registry: str, url: object) -> str:
         parts = None
     if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(
-            f"allowed_registries.{registry} holds {str(url)[:80]!r}, which is not an http(s) "
-            "URL; write the index's full URL, e.g. https://mirror.example/simple"
+            f"allowed_registries.{registry} holds {str(url)[:80]!r}, which is neither an "
+            "http(s) URL nor a host name; write the index's full URL, e.g. "
+            "https://mirror.example/simple, or a host downloads may come from, e.g. "
+            "files.example.org"
         )
     return text
 
@@ -133,7 +151,8 @@ class NetworkConfig(_Strict):
     # Where installs download from. pypi: the first URL is pip's index, the others extra
     # indexes; npm: the one registry. Empty lists mean "whatever this machine's pip / npm
     # configuration points at", read at run time; registry host names are never written into
-    # configuration shipped with harombe.
+    # configuration shipped with harombe. Bare host names (the usage guide's form) are the
+    # hosts downloads may come from: the index in use must be on one, and so every file.
     allowed_registries: dict[Registry, list[str]] = Field(default_factory=_empty_registries)
     # The runtime of network-enabled sandboxes: runsc registered with --network=host, which
     # uses the container's own namespace (an --internal network with no route out).
@@ -147,9 +166,10 @@ class NetworkConfig(_Strict):
     @field_validator("allowed_registries")
     @classmethod
     def _registry_urls(cls, value: dict[Registry, list[str]]) -> dict[Registry, list[str]]:
-        if len(value.get("npm", [])) > 1:
+        npm_urls = [u for u in value.get("npm", []) if not (isinstance(u, str) and is_host_name(u))]
+        if len(npm_urls) > 1:
             raise ValueError(
-                f"allowed_registries.npm lists {len(value['npm'])} URLs, but npm takes one "
+                f"allowed_registries.npm lists {len(npm_urls)} URLs, but npm takes one "
                 "registry; keep one (scoped registries belong in the machine's .npmrc)"
             )
         for registry, urls in value.items():
@@ -163,7 +183,16 @@ class NetworkConfig(_Strict):
 
     def registry_urls(self, registry: Registry) -> tuple[str, ...]:
         """The configured URLs of ``registry``; empty means the machine's own pip / npm setup."""
-        return tuple(self.allowed_registries.get(registry, ()))
+        return tuple(u for u in self.allowed_registries.get(registry, ()) if not is_host_name(u))
+
+    def registry_hosts(self, registry: Registry) -> frozenset[str]:
+        """The hosts ``registry``'s downloads may come from: the host names listed, and the
+        hosts of the URLs listed beside them. Empty (no host name listed): any host."""
+        entries = self.allowed_registries.get(registry, ())
+        hosts = {u for u in entries if is_host_name(u)}
+        if not hosts:
+            return frozenset()
+        return frozenset(hosts | {(urlsplit(u).hostname or "").lower() for u in entries} - {""})
 
 
 class PoolConfig(_Strict):

@@ -13,7 +13,11 @@ from __future__ import annotations
 #: Address space of the guarded pip (a zip with millions of members must not exhaust the host).
 PIP_MEMORY_MAX_BYTES = 4 << 30
 GUARD_MARK = "harombe-guard-refused"
+#: Printed (with the host) when pip asks a host ``HAROMBE_ALLOWED_HOSTS`` does not list.
+HOST_MARK = "harombe-host-refused"
 
+#: With ``HAROMBE_ALLOWED_HOSTS`` set (host names, space-separated), every HTTP request pip
+#: sends to another host is refused before it leaves (:data:`HOST_MARK` and the host).
 #: Runs pip with an audit hook that refuses to start programs (pip builds and VCS checkouts are
 #: always subprocesses), import build tools, or read files outside its own directory, its own
 #: code, the system's (/usr, /etc, …) and the local sources the configuration names (an index
@@ -64,6 +68,19 @@ import resource
 resource.setrlimit(resource.RLIMIT_AS, ({PIP_MEMORY_MAX_BYTES}, {PIP_MEMORY_MAX_BYTES}))
 sys.addaudithook(_guard)
 sys.path.insert(0, sys.argv.pop(1))
+_HOSTS = frozenset(os.environ.pop("HAROMBE_ALLOWED_HOSTS", "").split())
+if _HOSTS:
+    # Every request pip sends (index pages, files, redirects) goes through PipSession.send.
+    from urllib.parse import urlsplit as _split
+    from pip._internal.network.session import PipSession as _Session
+    _send = _Session.send
+    def _checked_send(self, request, **kwargs):
+        _url = _split(request.url)
+        _host = (_url.hostname or "").lower()
+        if _url.scheme in ("http", "https") and _host not in _HOSTS:
+            raise PermissionError("{HOST_MARK}: %s is not an allowed download host" % (_host,))
+        return _send(self, request, **kwargs)
+    _Session.send = _checked_send
 import runpy
 sys.argv[0] = "pip"
 runpy.run_module("pip", run_name="__main__", alter_sys=True)
