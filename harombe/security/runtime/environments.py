@@ -257,8 +257,9 @@ class EnvironmentStore:
             await say("unpacking", f"unpacking {len(wheels)} wheels")
             loop = asyncio.get_running_loop()
 
-            def step(stage: Any, text: str) -> None:  # from the build's thread, in order
-                done = asyncio.run_coroutine_threadsafe(say(stage, text), loop)
+            def step(stage: Any, text: str, package: str | None = None) -> None:
+                # From the build's thread; waited for, so the events keep their order.
+                done = asyncio.run_coroutine_threadsafe(say(stage, text, package=package), loop)
                 with contextlib.suppress(Exception):
                     done.result(timeout=PROGRESS_WAIT_S)
 
@@ -290,10 +291,10 @@ class EnvironmentStore:
 
     def _build(self, key: str, hashed: Sequence[tuple[Wheel, str]],
                requirements: tuple[str, ...], target: Target, *,
-               step: Callable[[Any, str], None] | None = None) -> Environment:  # fmt: skip
+               step: Callable[..., None] | None = None) -> Environment:  # fmt: skip
         """Unpack ``hashed`` into a staging tree, make room for it (or refuse) and publish it
         as ``key``; ``step(stage, text)`` is told each step. Blocking: run it in a thread."""
-        tell = step or (lambda _stage, _text: None)
+        tell = step or (lambda *_args: None)
         total = sum(declared_bytes(wheel.path) for wheel, _ in hashed)
         if total > self.max_bytes:
             raise PackageFetchError(
@@ -305,7 +306,7 @@ class EnvironmentStore:
         try:
             stage.mkdir(mode=0o755)
             for wheel, _ in sorted(hashed, key=lambda pair: pair[0].name):
-                tell("unpacking", f"unpacking {wheel.label}")
+                tell("unpacking", f"unpacking {wheel.label}", wheel.name)
                 unpack_wheel(wheel.path, stage, label=wheel.label)
             if sys.version_info[:2] == tuple(int(x) for x in target.python_version.split(".")):
                 tell("compiling", "compiling bytecode")
