@@ -14,11 +14,9 @@ misspelt limit that is silently ignored is a limit that does not exist.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -32,6 +30,7 @@ from pydantic import (
 )
 
 from harombe.config_environments import ENVIRONMENT_NAME, EnvironmentConfig, InstallCacheConfig
+from harombe.config_registries import MAX_REGISTRY_URLS, is_host_name, registry_entry, url_host
 from harombe.config_service import ServiceConfig
 from harombe.errors import ConfigError
 
@@ -98,51 +97,6 @@ def _empty_registries() -> dict[Registry, list[str]]:
     return {registry: [] for registry in REGISTRIES}
 
 
-#: The longest registry URL accepted, and how many a registry may list: they travel in one
-#: environment variable, which Linux caps at 128 KiB.
-MAX_REGISTRY_URL_CHARS = 2048
-MAX_REGISTRY_URLS = 16
-
-
-#: A bare host name (``files.example.org``) or IPv4 address: an allowed download host.
-HOST_NAME = re.compile(
-    r"^(?=.{1,253}$)[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?(?:\.[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?)*$",
-    re.IGNORECASE,
-)
-
-
-def is_host_name(entry: str) -> bool:
-    """Whether an ``allowed_registries`` entry is a bare host name rather than a URL."""
-    return bool(HOST_NAME.match(entry)) and entry.isascii()
-
-
-def _registry_url(registry: str, url: object) -> str:
-    """``url`` if it is a plain http(s) URL pip / npm can be given as one argument, or a bare
-    host name (lower-cased)."""
-    text = url if isinstance(url, str) else ""
-    if is_host_name(text):
-        return text.lower()
-    if len(text) > MAX_REGISTRY_URL_CHARS:
-        raise ValueError(
-            f"allowed_registries.{registry} holds a URL of {len(text)} characters, over "
-            f"{MAX_REGISTRY_URL_CHARS}; give the index's plain URL"
-        )
-    # pip reads several extra index URLs from one space-separated variable: no spaces inside.
-    plain = text.isprintable() and not any(c.isspace() for c in text)
-    try:
-        parts = urlsplit(text) if plain else None
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"allowed_registries.{registry} holds {str(url)[:80]!r}, which is neither an "
-            "http(s) URL nor a host name; write the index's full URL, e.g. "
-            "https://mirror.example/simple, or a host downloads may come from, e.g. "
-            "files.example.org"
-        )
-    return text
-
-
 class NetworkConfig(_Strict):
     """Network of sandboxes that ask for it, and where the host downloads packages from."""
 
@@ -178,7 +132,7 @@ class NetworkConfig(_Strict):
                     f"allowed_registries.{registry} lists {len(urls)} URLs, over "
                     f"{MAX_REGISTRY_URLS}; keep the indexes pip should really search"
                 )
-        checked = {reg: [_registry_url(reg, url) for url in urls] for reg, urls in value.items()}
+        checked = {reg: [registry_entry(reg, url) for url in urls] for reg, urls in value.items()}
         return {**_empty_registries(), **checked}
 
     def registry_urls(self, registry: Registry) -> tuple[str, ...]:
@@ -192,7 +146,7 @@ class NetworkConfig(_Strict):
         hosts = {u for u in entries if is_host_name(u)}
         if not hosts:
             return frozenset()
-        return frozenset(hosts | {(urlsplit(u).hostname or "").lower() for u in entries} - {""})
+        return frozenset(hosts | {url_host(u) for u in entries} - {""})
 
 
 class PoolConfig(_Strict):

@@ -46,7 +46,7 @@ def build(store: EnvironmentStore, wheels: list[Wheel]) -> Environment:
     hashed = [(w, environments.sha256_of(w.path)) for w in wheels]
     key = environment_key([(w.path.name, h) for w, h in hashed], TARGET)
     env = store._build(key, hashed, ("x",), TARGET)
-    store.unhold(env.key)  # no sandbox links it
+    store.holds.unhold(env.key)  # no sandbox links it
     return env
 
 

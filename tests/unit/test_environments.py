@@ -81,7 +81,7 @@ def build(
     hashed = [(w, environments.sha256_of(w.path)) for w in wheels]
     key = environment_key([(w.path.name, h) for w, h in hashed], TARGET)
     env = store._build(key, hashed, requirements, TARGET)
-    store.unhold(env.key)  # no sandbox links it
+    store.holds.unhold(env.key)  # no sandbox links it
     return env
 
 

@@ -3,8 +3,7 @@ debris of builders that died removed. Part of :class:`.environments.EnvironmentS
 
 What is in use is never evicted: a process records each environment its live (or pooled)
 sandboxes link, and each one it is about to hand out, as a hold file ``holds/<key>.<pid>.<n>``
-whose mtime is the time it holds until (:data:`HOLD_S` for a link, refreshed on each link and
-eviction; :data:`BRIEF_HOLD_S` between a build or lookup and the link). A hold counts while its
+whose mtime is the time it holds until (:mod:`.environment_holds`). A hold counts while its
 process is alive and its time has not passed."""
 
 from __future__ import annotations
@@ -12,12 +11,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
+from harombe.errors import PackageFetchError
 from harombe.security.runtime.environment_unpack import remove_tree
 
 log = structlog.get_logger(__name__)
@@ -33,10 +33,6 @@ class EnvironmentStore(Protocol):
     def load(self, key: str, *, reused: bool) -> Any: ...
 
 
-#: How long a hold of a linked environment lasts unless its process refreshes it.
-HOLD_S = 86400.0
-#: How long an environment just built or looked up is held for the sandbox it is for.
-BRIEF_HOLD_S = 120.0
 #: A staging tree this old belongs to a builder that died (builds end within their timeouts).
 DEBRIS_AGE_S = 4 * 3600.0
 
@@ -126,3 +122,24 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # another user's process: alive
     return True
+
+
+def make_room(
+    store: EnvironmentStore, in_use: Collection[str], size_bytes: int, requirements: Sequence[str]
+) -> None:
+    """Evict until ``size_bytes`` more fit, else raise :class:`PackageFetchError` naming the
+    cap, what is held and the setting to raise."""
+    _, kept = evict(store, in_use, need_bytes=size_bytes)
+    if kept + size_bytes > store.max_bytes:
+        raise PackageFetchError(
+            f"{', '.join(requirements)} needs {_mb(size_bytes)} MB in the install cache, "
+            f"which holds {_mb(kept)} MB that sandboxes use or are about to, and its cap is "
+            f"{store.max_bytes >> 20} MB; raise security.sandbox.install_cache.max_mb (to "
+            f"at least {_mb(kept + size_bytes)}), or destroy sandboxes that use other "
+            "packages and install again"
+        )
+
+
+def _mb(count: int) -> int:
+    """Whole MiB, rounded up."""
+    return -(-count // (1 << 20))

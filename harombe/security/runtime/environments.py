@@ -20,10 +20,7 @@ directory: no download, no copy, no pip. Layout of the cache directory::
 The key hashes the resolved wheels (names, SHA-256) and the target (Python minor, CPU, glibc).
 Wheels are unpacked after their ``RECORD`` holds (:mod:`.environment_unpack`); nothing of a
 package runs on the host. A request is answered from ``requests/`` for ``resolve_ttl_s``.
-
-The cache stays within ``max_mb``: before an environment is published, the least recently used
-environments that no sandbox holds are evicted to make room; when that is not enough, the build
-is refused (:class:`PackageFetchError` naming the cap) and nothing of it is left.
+The cache stays within ``max_mb`` (:mod:`.environment_evict`): a build makes room or is refused.
 """
 
 from __future__ import annotations
@@ -34,9 +31,7 @@ import fcntl
 import hashlib
 import json
 import os
-import secrets
 import sys
-import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -47,7 +42,8 @@ import structlog
 
 from harombe.errors import ConfigError, PackageFetchError
 from harombe.security.runtime import packages
-from harombe.security.runtime.environment_evict import BRIEF_HOLD_S, HOLD_S, evict
+from harombe.security.runtime.environment_evict import evict, make_room
+from harombe.security.runtime.environment_holds import Holds
 from harombe.security.runtime.environment_unpack import (
     compile_tree,
     declared_bytes,
@@ -143,10 +139,7 @@ class EnvironmentStore:
         self.resolve_ttl_s = resolve_ttl_s
         self.index_urls = tuple(index_urls)
         self.allowed_hosts = frozenset(allowed_hosts)
-        self._leases: dict[str, int] = {}
-        self._brief: dict[str, float] = {}  # key -> held until (built or looked up, not linked)
-        self._hold_tag = f"{os.getpid()}.{secrets.randbelow(10**9)}"
-        self._holds_lock = threading.Lock()
+        self.holds = Holds(directory / "holds", lambda: self.in_use())
         #: Keys linked into live sandboxes of this process (the manager sets it).
         self.in_use: Callable[[], Collection[str]] = frozenset
         self._recent: dict[str, tuple[Environment, float]] = {}  # request -> env, looked up at
@@ -180,7 +173,7 @@ class EnvironmentStore:
         """The environment of ``requirements`` for ``target``: from the cache when a request
         for the same set was resolved within ``resolve_ttl_s`` (``refresh`` resolves again),
         else resolved, downloaded and unpacked now; held briefly for the sandbox it is for
-        (:meth:`link_holds`). ``on_progress`` is told each step (:mod:`.install_progress`).
+        (``holds``). ``on_progress`` is told each step (:mod:`.install_progress`).
         Raises :class:`PackageFetchError` (or :class:`~harombe.errors.PackageSpecError`)
         naming the requirement that failed, or the cache's size when it cannot make room."""
         say = (on_progress if isinstance(on_progress, Reporter)
@@ -211,7 +204,7 @@ class EnvironmentStore:
             if time.time() - float(memo["resolved_at"]) > self.resolve_ttl_s:
                 return None
             self.touch(str(memo["key"]))
-            self.hold_briefly(str(memo["key"]))  # before the load: an eviction now skips it
+            self.holds.hold_briefly(str(memo["key"]))  # before the load: an eviction now skips it
             return self.load(str(memo["key"]), reused=True)
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -249,20 +242,13 @@ class EnvironmentStore:
                       + ", ".join(w.label for w in wheels), bytes=total)  # fmt: skip
             hashed = await asyncio.to_thread(lambda: [(w, sha256_of(w.path)) for w in wheels])
             key = environment_key([(w.path.name, h) for w, h in hashed], target)
-            self.hold_briefly(key)
+            self.holds.hold_briefly(key)
             env = await asyncio.to_thread(self.load, key, reused=True)
             if env is not None:  # another request resolved to the same set
                 self.touch(key)
                 return env
             await say("unpacking", f"unpacking {len(wheels)} wheels")
-            loop = asyncio.get_running_loop()
-
-            def step(stage: Any, text: str, package: str | None = None) -> None:
-                # From the build's thread; waited for, so the events keep their order.
-                done = asyncio.run_coroutine_threadsafe(say(stage, text, package=package), loop)
-                with contextlib.suppress(Exception):
-                    done.result(timeout=PROGRESS_WAIT_S)
-
+            step = say.threadsafe()
             return await asyncio.to_thread(
                 self._build, key, hashed, tuple(requirements), target, step=step
             )
@@ -325,7 +311,7 @@ class EnvironmentStore:
             }
             (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
             make_read_only(stage)
-            self.hold_briefly(key)  # no eviction elsewhere takes it as it appears
+            self.holds.hold_briefly(key)  # no eviction elsewhere takes it as it appears
             self.touch(key)
             self._make_room(key, size, requirements)
             try:
@@ -393,75 +379,17 @@ class EnvironmentStore:
 
     def hold(self, key: str) -> None:
         """Keep ``key`` from eviction, by any process, until :meth:`release`."""
-        self._leases[key] = self._leases.get(key, 0) + 1
-        self.link_holds()
+        self.holds.hold(key)
 
     def release(self, key: str) -> None:
-        if self._leases.get(key, 0) > 1:
-            self._leases[key] -= 1
-        else:
-            self._leases.pop(key, None)
-        self.link_holds()
-
-    def hold_briefly(self, key: str) -> None:
-        """Keep ``key`` from eviction for :data:`BRIEF_HOLD_S`: it is about to be linked."""
-        self._brief[key] = time.time() + BRIEF_HOLD_S
-        self.link_holds()
-
-    def unhold(self, key: str) -> None:
-        """End the brief hold of ``key``: it will not be linked after all."""
-        self._brief.pop(key, None)
-        self.link_holds()
-
-    def link_holds(self, linked: Collection[str] = ()) -> None:
-        """Write this store's hold files: what its sandboxes link (``in_use``), what it holds
-        and what it is about to link; ``linked`` keys are linked now (their brief hold ends)."""
-        now = time.time()
-        with self._holds_lock:
-            for key in linked:
-                self._brief.pop(key, None)
-            self._brief = {k: until for k, until in self._brief.items() if until > now}
-            wanted = {key: now + HOLD_S for key in {*self._leases, *self.in_use(), *linked}}
-            for key, until in self._brief.items():
-                wanted.setdefault(key, until)
-            holds = self.directory / "holds"
-            with contextlib.suppress(OSError):
-                for entry in os.scandir(holds):
-                    key, _, tag = entry.name.partition(".")
-                    if tag == self._hold_tag and key not in wanted:
-                        with contextlib.suppress(OSError):
-                            os.unlink(entry.path)
-            for key, until in wanted.items():
-                path = holds / f"{key}.{self._hold_tag}"
-                with contextlib.suppress(OSError):
-                    path.touch()
-                    os.utime(path, (until, until))
+        self.holds.release(key)
 
     def evict(self, *, now: float | None = None) -> list[str]:
         """See :func:`.environment_evict.evict`: never what a process holds or uses."""
-        self.link_holds()
-        return evict(self, {*self._leases, *self.in_use()}, now=now)[0]
+        self.holds.write()
+        return evict(self, self.holds.mine(), now=now)[0]
 
     def _make_room(self, key: str, size_bytes: int, requirements: Sequence[str]) -> None:
-        """Evict until ``size_bytes`` more fit (``key`` itself not counted), else refuse."""
-        self.link_holds()
-        if (self.envs / key).is_dir():
-            return  # published meanwhile by another process: nothing is added
-        _, kept = evict(self, {*self._leases, *self.in_use()}, need_bytes=size_bytes)
-        if kept + size_bytes > self.max_bytes:
-            raise PackageFetchError(
-                f"{', '.join(requirements)} needs {_mb(size_bytes)} MB in the install cache, "
-                f"which holds {_mb(kept)} MB that sandboxes use or are about to, and its cap is "
-                f"{self.max_bytes >> 20} MB; raise security.sandbox.install_cache.max_mb (to "
-                f"at least {_mb(kept + size_bytes)}), or destroy sandboxes that use other "
-                "packages and install again"
-            )
-
-
-def _mb(count: int) -> int:
-    """Whole MiB, rounded up."""
-    return -(-count // (1 << 20))
-
-
-#: How long a build's thread waits for a progress callback before going on.
-PROGRESS_WAIT_S = 5.0
+        self.holds.write()
+        if not (self.envs / key).is_dir():  # else published meanwhile: nothing is added
+            make_room(self, self.holds.mine(), size_bytes, requirements)

@@ -20,6 +20,8 @@ A :class:`Reporter` sends events to a sync or async callback and logs each as
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -98,7 +100,21 @@ class Reporter:
             log.warning("install.progress_callback_failed", error=repr(exc)[:200])
             self._callback = None
 
+    def threadsafe(self) -> Callable[..., None]:
+        """A sync ``step(stage, message, package=None)`` for a worker thread of this loop:
+        each event is sent on the loop and waited for (briefly), so they keep their order."""
+        loop = asyncio.get_running_loop()
 
+        def step(stage: Stage, message: str, package: str | None = None) -> None:
+            done = asyncio.run_coroutine_threadsafe(self(stage, message, package=package), loop)
+            with contextlib.suppress(Exception):
+                done.result(timeout=THREAD_WAIT_S)
+
+        return step
+
+
+#: How long a worker thread waits for a progress callback before going on.
+THREAD_WAIT_S = 5.0
 #: Longest message or package name an event carries.
 TEXT_MAX_CHARS = 500
 

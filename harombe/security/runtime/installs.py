@@ -197,7 +197,7 @@ class Installs:
         assert self.store is not None
         box.linked.add(env.key)  # not evicted while the sandbox lives
         self._linked[box.sandbox_id] = box
-        await asyncio.to_thread(self.store.link_holds, [env.key])  # nor by other processes
+        await asyncio.to_thread(self.store.holds.write, [env.key])  # nor by other processes
         started = time.perf_counter()
         line = f"{env.site}\n".encode()
         member = tarfile.TarInfo(env.pth_name)

@@ -155,12 +155,10 @@ class FetchArea:
         on_line: Callable[[str], Awaitable[None]] | None = None,
     ) -> tuple[int, str]:
         """Run ``argv`` in ``cwd`` as the download user; its exit code and combined output.
-
         ``give`` names files harombe wrote in ``cwd`` that the tool may change; ``on_line``
         is given each line of output as it is printed (the whole output is returned too)."""
         self._lend(cwd, give)
-        ident = self.identity
-        cap = FILE_MAX_BYTES
+        ident, cap = self.identity, FILE_MAX_BYTES
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,

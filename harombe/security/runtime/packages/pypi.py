@@ -29,17 +29,15 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import importlib.util
 import os
 import re
 import shutil
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import structlog
 from packaging.requirements import Requirement
@@ -47,7 +45,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from harombe.errors import PackageFetchError, PackageNotFoundError
-from harombe.security.runtime.install_progress import SILENT, Reporter, human_bytes
+from harombe.security.runtime.install_progress import SILENT, Reporter
 from harombe.security.runtime.packages.fetch_runner import (
     FILE_MAX_BYTES,
     FetchArea,
@@ -55,15 +53,18 @@ from harombe.security.runtime.packages.fetch_runner import (
     base_env,
     tail,
 )
+from harombe.security.runtime.packages.pip_guard import ALLOWED_HOSTS_ENV, HOST_MARK, host_refused
 from harombe.security.runtime.packages.pip_guard import GUARD_MARK as GUARD_MARK
-from harombe.security.runtime.packages.pip_guard import HOST_MARK
 from harombe.security.runtime.packages.pip_guard import PIP_GUARD as PIP_GUARD
+from harombe.security.runtime.packages.pip_guard import check_index_hosts as check_index_hosts
+from harombe.security.runtime.packages.pip_progress import on_pip_line, ticking
+from harombe.security.runtime.packages.pip_progress import pip_download_line as pip_download_line
 from harombe.security.runtime.packages.wheels import Target as Target  # resolve()'s argument
 from harombe.security.runtime.packages.wheels import (
     Want,
     Wheel,
-    built_against_numpy_1,
     collect_wheels,
+    numpy_1_builds,
     stale,
     wanted,
 )
@@ -150,36 +151,6 @@ async def pip_env(
         check_index_hosts(env, allowed_hosts)
         env[ALLOWED_HOSTS_ENV] = " ".join(sorted(allowed_hosts))
     return env
-
-
-#: How the guarded pip learns the hosts it may download from (space-separated).
-ALLOWED_HOSTS_ENV = "HAROMBE_ALLOWED_HOSTS"
-
-
-def check_index_hosts(env: Mapping[str, str], allowed_hosts: Collection[str]) -> None:
-    """Every http(s) source in ``env`` (index, extra indexes, find-links) is on an allowed
-    host; local sources are not downloads. Raises :class:`PackageFetchError` naming the host."""
-    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"):
-        for value in env.get(name, "").split():
-            if not value.lower().startswith(("http://", "https://")):
-                continue
-            try:
-                host = (urlsplit(value).hostname or "").lower()
-            except ValueError:
-                host = ""
-            if host not in allowed_hosts:
-                raise host_refused(host, "pypi", what=f"the package index {host} (pip's {name})")
-
-
-def host_refused(host: str, registry: str, *, what: str) -> PackageFetchError:
-    """The error of a download from a host ``network.allowed_registries`` does not list."""
-    shown = host or "its host"
-    return PackageFetchError(
-        f"{what} is not an allowed download host: security.sandbox.network."
-        f"allowed_registries.{registry} lists the hosts installs may download from, and "
-        f"{shown} is not one of them; add {shown} to allowed_registries.{registry} if it is "
-        "a registry you trust, or point this machine's configuration at an allowed one"
-    )
 
 
 @dataclass(frozen=True)
@@ -319,15 +290,7 @@ async def resolve(
             return [picks[name] for name in wants]
         level = await _fetch_level(download, todo, picks, root.name)
         picks.update(level)
-        if not numpy_fixed:
-            old = await asyncio.to_thread(_numpy_1_builds, list(level.values()))
-            if old:
-                # Its extensions need NumPy 1.x: pick NumPy within that now (stale() fetches
-                # again a NumPy 2 already picked) rather than build a set that cannot import.
-                limits["numpy"] = SpecifierSet("<2")
-                numpy_fixed = True
-                await report("resolving", f"limiting numpy to <2: {', '.join(old)} "
-                             "were built against NumPy 1.x", package="numpy")  # fmt: skip
+        numpy_fixed = numpy_fixed or await _limit_numpy(download, level, limits)
         total_bytes = sum(w.path.stat().st_size for w in picks.values())
         download.fetched_bytes[0] = total_bytes
         if total_bytes > DOWNLOAD_MAX_BYTES:
@@ -342,88 +305,18 @@ async def resolve(
     )
 
 
-def _numpy_1_builds(wheels: Sequence[Wheel]) -> list[str]:
-    """Labels of ``wheels`` (NumPy aside) that depend on NumPy and hold extensions built
-    against NumPy 1.x. Reads the wheels: run it in a thread."""
-    return [
-        wheel.label
-        for wheel in wheels
-        if wheel.name != "numpy"
-        and any(canonicalize_name(r.name) == "numpy" for r in wheel.requires)
-        and built_against_numpy_1(wheel.path)
-    ]
-
-
-#: pip's line for each file it fetches: ``Downloading <url or file name> (12.3 MB)``.
-PIP_DOWNLOADING = re.compile(r"^\s*Downloading (\S+)(?: \(([\d.]+) (k?B|[MG]B)\))?")
-SIZE_UNITS = {"B": 1, "kB": 1000, "MB": 1000**2, "GB": 1000**3}
-#: How often the bytes downloaded so far are reported while pip runs (when they grew).
-PROGRESS_TICK_S = 1.0
-
-
-def pip_download_line(line: str) -> tuple[str, int | None, str] | None:
-    """``(file name, bytes or None, size as pip wrote it)`` of pip's line announcing a
-    download, else None. Pure."""
-    found = PIP_DOWNLOADING.match(line)
-    if found is None:
-        return None
-    name = found.group(1).split("#", 1)[0].rsplit("/", 1)[-1]
-    if not found.group(2):
-        return name, None, ""
-    size = int(float(found.group(2)) * SIZE_UNITS.get(found.group(3), 1))
-    return name, size, f"{found.group(2)} {found.group(3)}"
-
-
-async def _on_pip_line(download: Download, line: str) -> None:
-    """A line of pip's output: a download begins (with its size where pip knows it); the rest
-    goes to the debug log only."""
-    parsed = pip_download_line(line)
-    if parsed is None:
-        if line.strip():
-            log.debug("package.pip_said", line=line[:500])
-        return
-    name, size, shown = parsed
-    text = f"downloading {name}" + (f" ({shown})" if shown else "")
-    await download.report("downloading", text, package=name, bytes=size)
-
-
-def _bytes_in(work: Path) -> int:
-    """Bytes of the files (finished or partial) under ``work``, each file name once."""
-    sizes: dict[str, int] = {}
-    seen = 0
-    for root, _dirs, files in os.walk(work):
-        for name in files:
-            seen += 1
-            if seen > 10_000:
-                return sum(sizes.values())
-            with contextlib.suppress(OSError):
-                size = os.lstat(os.path.join(root, name)).st_size
-                sizes[name] = max(size, sizes.get(name, 0))
-    return sum(sizes.values())
-
-
-@contextlib.asynccontextmanager
-async def _ticking(download: Download, work: Path) -> AsyncIterator[None]:
-    """While the block runs, report the bytes downloaded so far, each second they grew."""
-
-    async def tick() -> None:
-        last = 0
-        while True:
-            await asyncio.sleep(PROGRESS_TICK_S)
-            now = await asyncio.to_thread(_bytes_in, work)
-            if now > last:
-                last = now
-                total = download.fetched_bytes[0] + now
-                await download.report("downloading", f"downloaded {human_bytes(total)} so far",
-                                      bytes=total)  # fmt: skip
-
-    task = asyncio.create_task(tick())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+async def _limit_numpy(
+    download: Download, level: Mapping[str, Wheel], limits: dict[str, SpecifierSet]
+) -> bool:
+    """Limit ``numpy`` to ``<2`` when a wheel of ``level`` needs NumPy 1.x; whether it did.
+    Limited now, NumPy is picked within it (stale() fetches again a NumPy 2 already picked)
+    rather than a set built that cannot import."""
+    old = await asyncio.to_thread(numpy_1_builds, list(level.values()))
+    if old:
+        limits["numpy"] = SpecifierSet("<2")
+        await download.report("resolving", f"limiting numpy to <2: {', '.join(old)} were "
+                              "built against NumPy 1.x", package="numpy")  # fmt: skip
+    return bool(old)
 
 
 async def _fetch_level(
@@ -438,10 +331,10 @@ async def _fetch_level(
                           package=root)  # fmt: skip
 
     async def on_line(line: str) -> None:
-        await _on_pip_line(download, line)
+        await on_pip_line(download, line)
 
     env = await pip_env(work / "home", download.index_urls, allowed_hosts=download.allowed_hosts)
-    async with _ticking(download, work):
+    async with ticking(download, work):
         code, output = await download.area.run(
             pip_argv(download.runtime, todo, dest, download.target, download.platforms),
             cwd=work,

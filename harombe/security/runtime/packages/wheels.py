@@ -261,3 +261,15 @@ def built_against_numpy_1(path: Path) -> bool:
     except (OSError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError):
         return False
     return False
+
+
+def numpy_1_builds(wheels: Iterable[Wheel]) -> list[str]:
+    """Labels of ``wheels`` (NumPy aside) that depend on NumPy and hold extensions built
+    against NumPy 1.x. Reads the wheels: run it in a thread."""
+    return [
+        wheel.label
+        for wheel in wheels
+        if wheel.name != "numpy"
+        and any(canonicalize_name(r.name) == "numpy" for r in wheel.requires)
+        and built_against_numpy_1(wheel.path)
+    ]
