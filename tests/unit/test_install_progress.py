@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from harombe.security.runtime import packages
 from harombe.security.runtime.install_progress import InstallProgress, Reporter, human_bytes
@@ -154,3 +155,37 @@ async def test_a_set_needing_numpy_1_is_resolved_once_with_numpy_below_2() -> No
             assert numpy_files == [f"/files/numpy-{numpy_version}-py3-none-any.whl"]
             limited = [s for s in steps if s.startswith("limiting numpy to <2")]
             assert bool(limited) is (root == "oldext"), steps
+
+
+def test_unpack_warnings_never_reach_stderr(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wheel that ships a __pycache__ (numpy 1.26 does) makes installer warn: the warning
+    goes to the debug log, not to the caller's stderr, and the rest is unpacked."""
+    from harombe.security.runtime import environment_unpack, environments
+    from harombe.security.runtime.packages.wheels import Wheel
+
+    logged: list[tuple[str, dict[str, Any]]] = []
+
+    class Recorder:
+        def debug(self, event: str, **fields: Any) -> None:
+            logged.append((event, fields))
+
+    monkeypatch.setattr(environment_unpack, "log", Recorder())
+
+    files = {"cachey/__init__.py": b"X = 1\n", "cachey/__pycache__/x.cpython-311.pyc": b"junk"}
+    built = make_wheel("cachey", "1.0", files=files)
+    path = tmp_path / built.filename
+    path.write_bytes(built.data)
+    store = environments.EnvironmentStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=60)
+    store.open()
+    wheel = Wheel("cachey", Version("1.0"), path, ())
+    hashed = [(wheel, environments.sha256_of(path))]
+    key = environments.environment_key([(path.name, hashed[0][1])], TARGET)
+    capfd.readouterr()
+    env = store._build(key, hashed, ("cachey",), TARGET)
+    assert (store.envs / env.key / "site" / "cachey" / "__init__.py").is_file()
+    assert "Warning" not in capfd.readouterr().err
+    assert [e for e, f in logged if "__pycache__" in f["warning"]] == [
+        "environment.unpack_warned"
+    ], logged
