@@ -189,3 +189,25 @@ def test_unpack_warnings_never_reach_stderr(
     assert [e for e, f in logged if "__pycache__" in f["warning"]] == [
         "environment.unpack_warned"
     ], logged
+
+
+async def test_dispatch_relays_install_progress_as_output_lines() -> None:
+    """A model's code_install_package through dispatch (MCP's path) hands each step to the
+    caller's on_output as a stderr line, which MCP sends as a progress notification."""
+    from harombe.tools.schemas import dispatch
+
+    class Tools:
+        async def code_install_package(self, **kwargs: Any) -> dict[str, Any]:
+            kwargs["on_progress"]({"stage": "downloading", "package": "x.whl", "bytes": 5,
+                                   "message": "downloading x.whl (5 B)"})  # fmt: skip
+            return {"success": True}
+
+    seen: list[tuple[str, bytes]] = []
+    result = await dispatch(
+        Tools(),  # type: ignore[arg-type]
+        "code_install_package",
+        {"sandbox_id": "sandbox-0123456789ab", "package": "x"},
+        on_output=lambda stream, data: seen.append((stream, data)),
+    )
+    assert result == {"success": True}
+    assert seen == [("stderr", b"downloading x.whl (5 B)\n")]
