@@ -17,7 +17,6 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -31,6 +30,7 @@ from pydantic import (
 )
 
 from harombe.config_environments import ENVIRONMENT_NAME, EnvironmentConfig, InstallCacheConfig
+from harombe.config_registries import MAX_REGISTRY_URLS, is_host_name, registry_entry, url_host
 from harombe.config_service import ServiceConfig
 from harombe.errors import ConfigError
 
@@ -97,34 +97,6 @@ def _empty_registries() -> dict[Registry, list[str]]:
     return {registry: [] for registry in REGISTRIES}
 
 
-#: The longest registry URL accepted, and how many a registry may list: they travel in one
-#: environment variable, which Linux caps at 128 KiB.
-MAX_REGISTRY_URL_CHARS = 2048
-MAX_REGISTRY_URLS = 16
-
-
-def _registry_url(registry: str, url: object) -> str:
-    """``url`` if it is a plain http(s) URL pip / npm can be given as one argument."""
-    text = url if isinstance(url, str) else ""
-    if len(text) > MAX_REGISTRY_URL_CHARS:
-        raise ValueError(
-            f"allowed_registries.{registry} holds a URL of {len(text)} characters, over "
-            f"{MAX_REGISTRY_URL_CHARS}; give the index's plain URL"
-        )
-    # pip reads several extra index URLs from one space-separated variable: no spaces inside.
-    plain = text.isprintable() and not any(c.isspace() for c in text)
-    try:
-        parts = urlsplit(text) if plain else None
-    except ValueError:  # e.g. an unclosed IPv6 bracket
-        parts = None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(
-            f"allowed_registries.{registry} holds {str(url)[:80]!r}, which is not an http(s) "
-            "URL; write the index's full URL, e.g. https://mirror.example/simple"
-        )
-    return text
-
-
 class NetworkConfig(_Strict):
     """Network of sandboxes that ask for it, and where the host downloads packages from."""
 
@@ -133,7 +105,8 @@ class NetworkConfig(_Strict):
     # Where installs download from. pypi: the first URL is pip's index, the others extra
     # indexes; npm: the one registry. Empty lists mean "whatever this machine's pip / npm
     # configuration points at", read at run time; registry host names are never written into
-    # configuration shipped with harombe.
+    # configuration shipped with harombe. Bare host names (the usage guide's form) are the
+    # hosts downloads may come from: the index in use must be on one, and so every file.
     allowed_registries: dict[Registry, list[str]] = Field(default_factory=_empty_registries)
     # The runtime of network-enabled sandboxes: runsc registered with --network=host, which
     # uses the container's own namespace (an --internal network with no route out).
@@ -147,9 +120,10 @@ class NetworkConfig(_Strict):
     @field_validator("allowed_registries")
     @classmethod
     def _registry_urls(cls, value: dict[Registry, list[str]]) -> dict[Registry, list[str]]:
-        if len(value.get("npm", [])) > 1:
+        npm_urls = [u for u in value.get("npm", []) if not (isinstance(u, str) and is_host_name(u))]
+        if len(npm_urls) > 1:
             raise ValueError(
-                f"allowed_registries.npm lists {len(value['npm'])} URLs, but npm takes one "
+                f"allowed_registries.npm lists {len(npm_urls)} URLs, but npm takes one "
                 "registry; keep one (scoped registries belong in the machine's .npmrc)"
             )
         for registry, urls in value.items():
@@ -158,12 +132,21 @@ class NetworkConfig(_Strict):
                     f"allowed_registries.{registry} lists {len(urls)} URLs, over "
                     f"{MAX_REGISTRY_URLS}; keep the indexes pip should really search"
                 )
-        checked = {reg: [_registry_url(reg, url) for url in urls] for reg, urls in value.items()}
+        checked = {reg: [registry_entry(reg, url) for url in urls] for reg, urls in value.items()}
         return {**_empty_registries(), **checked}
 
     def registry_urls(self, registry: Registry) -> tuple[str, ...]:
         """The configured URLs of ``registry``; empty means the machine's own pip / npm setup."""
-        return tuple(self.allowed_registries.get(registry, ()))
+        return tuple(u for u in self.allowed_registries.get(registry, ()) if not is_host_name(u))
+
+    def registry_hosts(self, registry: Registry) -> frozenset[str]:
+        """The hosts ``registry``'s downloads may come from: the host names listed, and the
+        hosts of the URLs listed beside them. Empty (no host name listed): any host."""
+        entries = self.allowed_registries.get(registry, ())
+        hosts = {u for u in entries if is_host_name(u)}
+        if not hosts:
+            return frozenset()
+        return frozenset(hosts | {url_host(u) for u in entries} - {""})
 
 
 class PoolConfig(_Strict):

@@ -215,7 +215,13 @@ async def install_first(
     with Status() as status:
         for package in packages:
             status.update(f"installing {package} from {registry}")
-            done = await tools.code_install_package(box.sandbox_id, package, registry)
+
+            def show(event: dict[str, Any], package: str = package) -> None:
+                status.update(f"{package}: {event['message']}")
+
+            done = await tools.code_install_package(
+                box.sandbox_id, package, registry, on_progress=show
+            )
             if not done["success"]:
                 raise UsageError(f"--install {package}: {done['error']}")
             status.echo(f"installed {package} from {registry}", err=True)

@@ -9,6 +9,7 @@ error answer of its kind (:mod:`.problems`), and a run — failed or not — is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -195,6 +196,49 @@ async def install(body: Install, request: Request, sandbox_id: str = SandboxId) 
     with tenant.run_slot():
         result = await svc.tools.code_install_package(sandbox_id, body.package, body.registry)
     return answer(svc, "install_package", tenant, result)
+
+
+@router.post(
+    "/sandboxes/{sandbox_id}/packages/stream",
+    responses={200: {"content": {"text/event-stream": {}}}, **problems(400, 404, 429)},
+)
+async def install_stream(
+    body: Install, request: Request, sandbox_id: str = SandboxId
+) -> StreamingResponse:
+    """Install a package, streaming a ``progress`` event for each step (``{"stage",
+    "package", "bytes", "message"}``: resolving, downloading, unpacking, compiling,
+    installing, linking, checking, done), then one ``result`` event (the JSON result, as
+    ``POST .../packages`` answers it, a refusal included). Closing the connection cancels
+    the install."""
+    svc, tenant = owned(request, sandbox_id)
+    with tenant.run_slot():
+        pass  # 429 now, before the stream starts, when every run slot is taken
+
+    async def events() -> AsyncIterator[bytes]:
+        steps: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        try:
+            with tenant.run_slot():
+                task = asyncio.ensure_future(svc.tools.code_install_package(
+                    sandbox_id, body.package, body.registry, on_progress=steps.put_nowait
+                ))  # fmt: skip
+                try:
+                    while not task.done() or not steps.empty():
+                        getter = asyncio.ensure_future(steps.get())
+                        await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+                        if getter.done():
+                            yield _event("progress", getter.result())
+                        else:
+                            getter.cancel()
+                    result = task.result()
+                finally:
+                    task.cancel()
+                svc.adopt(tenant, result)
+                svc.feed.publish(deps.tool_event("install_package", tenant, result))
+                yield _event("result", result)
+        except HTTPProblem as problem:  # the slot was taken between the check and the start
+            yield _event("error", {"kind": problem.kind, "message": problem.message})
+
+    return StreamingResponse(events(), media_type="text/event-stream")
 
 
 @router.get("/health", response_model=Health)

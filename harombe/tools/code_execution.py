@@ -282,13 +282,25 @@ class CodeExecutionTools:
                     yield {"type": "result", **item}
 
     async def code_install_package(
-        self, sandbox_id: str, package: str, registry: str = "pypi"
+        self,
+        sandbox_id: str,
+        package: str,
+        registry: str = "pypi",
+        *,
+        on_progress: Callable[[dict[str, Any]], Awaitable[None] | None] | None = None,
     ) -> dict[str, Any]:
         """Install ``package`` from ``registry`` (pypi or npm) into the sandbox.
 
-        Parameters are :class:`~harombe.tools.params.InstallPackageArgs`."""
+        Parameters are :class:`~harombe.tools.params.InstallPackageArgs`. ``on_progress``
+        (sync or async) is called with each step as ``{"stage", "package", "bytes",
+        "message"}`` (stages: resolving, downloading, unpacking, compiling, installing,
+        linking, checking, done); the build's own output never reaches this process's stderr."""
         raw = {"sandbox_id": sandbox_id, "package": package, "registry": registry}
-        return await self._call("code_install_package", raw, plans.install_package)
+
+        def plan(manager: SandboxManager, gate: HITLGate | None, args: Any) -> Plan:
+            return plans.install_package(manager, gate, args, on_progress)
+
+        return await self._call("code_install_package", raw, plan)
 
     async def code_write_file(
         self, sandbox_id: str, file_path: str, content: str

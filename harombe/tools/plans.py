@@ -131,15 +131,24 @@ def _check_environment(manager: SandboxManager, args: CodeExecuteArgs) -> None:
 
 
 def install_package(
-    manager: SandboxManager, gate: HITLGate | None, args: InstallPackageArgs
+    manager: SandboxManager,
+    gate: HITLGate | None,
+    args: InstallPackageArgs,
+    on_progress: Callable[[dict[str, Any]], Awaitable[None] | None] | None = None,
 ) -> Plan:
-    """``code_install_package``: the registry's interpreter must be in the sandbox's image."""
+    """``code_install_package``: the registry's interpreter must be in the sandbox's image;
+    ``on_progress`` gets each step as a dict (``InstallProgress.as_dict``)."""
+    if on_progress is not None and not callable(on_progress):
+        raise InvalidArgumentError("on_progress must be a callable taking a progress dict")
+    relay = None if on_progress is None else (lambda event: on_progress(event.as_dict()))
     box = manager.get(args.sandbox_id)
     _require(box, INTERPRETERS[REGISTRY_LANGUAGES[args.registry]], args.registry)
     fields = {"sandbox_id": args.sandbox_id, "package": args.package, "registry": args.registry}
 
     async def run(_: ApprovalDecision | None) -> dict[str, Any]:
-        result = await manager.install_package(args.sandbox_id, args.package, args.registry)
+        result = await manager.install_package(
+            args.sandbox_id, args.package, args.registry, on_progress=relay
+        )
         return {
             "success": result.success,
             **fields,

@@ -201,6 +201,8 @@ async def dispatch(
         return {"success": False, "tool": shown, "error": refused["error"]}
     if name == "code_execute" and on_output is not None:
         kwargs["on_output"] = on_output
+    if name == "code_install_package" and on_output is not None:  # its steps, as lines
+        kwargs["on_progress"] = lambda event: on_output("stderr", f"{event['message']}\n".encode())
     method = getattr(tools, name)
     result: dict[str, Any] = await method(**kwargs)
     return result

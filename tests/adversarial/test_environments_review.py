@@ -24,7 +24,6 @@ from harombe.errors import HarombeError, InvalidArgumentError, PackageFetchError
 from harombe.security.runtime import environments
 from harombe.security.runtime.environment_sandboxes import Environments
 from harombe.security.runtime.environments import (
-    EVICT_GRACE_S,
     Environment,
     EnvironmentStore,
     environment_key,
@@ -33,6 +32,8 @@ from harombe.security.runtime.packages.wheels import Target, Wheel
 from tests.unit.test_environments import TARGET, make_wheel
 
 REPO = Path(__file__).resolve().parents[2]
+
+HOUR_S = 3600.0
 
 
 def new_store(tmp_path: Path, *, max_mb: int = 64, name: str = "cache") -> EnvironmentStore:
@@ -44,7 +45,9 @@ def new_store(tmp_path: Path, *, max_mb: int = 64, name: str = "cache") -> Envir
 def build(store: EnvironmentStore, wheels: list[Wheel]) -> Environment:
     hashed = [(w, environments.sha256_of(w.path)) for w in wheels]
     key = environment_key([(w.path.name, h) for w, h in hashed], TARGET)
-    return store._build(key, hashed, ("x",), TARGET)
+    env = store._build(key, hashed, ("x",), TARGET)
+    store.holds.unhold(env.key)  # no sandbox links it
+    return env
 
 
 def tree(path: Path) -> list[str]:
@@ -278,7 +281,7 @@ def test_staging_left_by_a_dead_builder_is_cleaned(tmp_path: Path) -> None:
     (stale / "site" / "big.bin").write_bytes(b"x" * 4096)
     evicted = store.directory / "tmp" / f"evicted-{'b' * 32}.2"
     evicted.mkdir()
-    old = time.time() - 2 * EVICT_GRACE_S
+    old = time.time() - 2 * HOUR_S
     for path in (stale, evicted):
         os.utime(path, (old, old))
     live = store.directory / "tmp" / f"{'c' * 32}.{os.getpid()}.3"
@@ -393,7 +396,7 @@ async def test_a_reused_environment_is_not_evicted_under_its_user(
     _, other, wheels = _over_the_limit(tmp_path)
     store = LocalStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=3600, wheels=wheels)
     first = await store.ensure(["tinypkg"], target=TARGET)
-    when = time.time() - 2 * EVICT_GRACE_S
+    when = time.time() - 2 * HOUR_S
     os.utime(store.directory / "used" / first.key, (when, when))
     fresh = LocalStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=3600, wheels=wheels)
     load = fresh.load
@@ -409,15 +412,15 @@ async def test_a_reused_environment_is_not_evicted_under_its_user(
 
 
 def test_a_used_file_from_the_future_does_not_pin_forever(tmp_path: Path) -> None:
-    """A used/ stamp in the future (clock skew, another host) does not crash evict(); the rest
-    of the cache is still evicted by age."""
+    """A used/ stamp in the future (clock skew, another host) does not crash evict() or pin
+    its environment; the rest of the cache is evicted by age, first."""
     builder = new_store(tmp_path)
     envs = [build(builder, [make_wheel(tmp_path, f"f{i}")]) for i in range(2)]
-    store = new_store(tmp_path, max_mb=0)  # anything not used lately goes
-    future, past = time.time() + 10 * EVICT_GRACE_S, time.time() - 10 * EVICT_GRACE_S
+    store = new_store(tmp_path, max_mb=0)  # anything no sandbox holds goes
+    future, past = time.time() + 10 * HOUR_S, time.time() - 10 * HOUR_S
     os.utime(store.directory / "used" / envs[0].key, (future, future))
     os.utime(store.directory / "used" / envs[1].key, (past, past))
-    assert store.evict() == [envs[1].key]
+    assert store.evict() == [envs[1].key, envs[0].key]
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -668,7 +671,7 @@ async def test_an_environment_is_evictable_once_its_sandboxes_are_gone(tmp_path:
         box = await manager.create_sandbox("python")
         await manager.installs.link(box, env)
         await manager.destroy_sandbox(box.sandbox_id)
-        when = time.time() - 2 * EVICT_GRACE_S
+        when = time.time() - 2 * HOUR_S
         os.utime(store.directory / "used" / env.key, (when, when))
         store.max_bytes = 0
         assert store.evict() == [env.key]
@@ -730,4 +733,4 @@ def test_a_manifest_swapped_between_environments_is_refused(tmp_path: Path) -> N
     first.write_bytes(second.read_bytes())
     second.write_bytes(body)
     assert store.load(one.key, reused=True) is None and store.load(two.key, reused=True) is None
-    assert store.evict(now=time.time() + 10 * EVICT_GRACE_S) == []
+    assert store.evict(now=time.time() + 10 * HOUR_S) == []

@@ -134,8 +134,9 @@ def room(module: str) -> str:
 
 
 #: The base room: configuration, errors, logging, and the reading of profile files.
-BASE = {"harombe.config", "harombe.config_environments", "harombe.config_service",
-        "harombe.errors", "harombe.logs", "harombe.profile_files"}  # fmt: skip
+BASE = {"harombe.config", "harombe.config_environments", "harombe.config_registries",
+        "harombe.config_service", "harombe.errors", "harombe.logs",
+        "harombe.profile_files"}  # fmt: skip
 #: The modules above every room: the package, the CLI (``harombe.__main__`` and every
 #: ``harombe.cli`` module), the security package's docstring.
 TOP = {"harombe", "harombe.__main__", "harombe.security", "harombe.mounts", "harombe.mounts_host",

@@ -21,7 +21,6 @@ from packaging.version import Version
 from harombe.errors import PackageFetchError
 from harombe.security.runtime import environments
 from harombe.security.runtime.environments import (
-    EVICT_GRACE_S,
     EnvironmentStore,
     environment_key,
     request_hash,
@@ -29,6 +28,8 @@ from harombe.security.runtime.environments import (
 from harombe.security.runtime.packages.wheels import Target, Wheel
 
 TARGET = Target(python="3.11.2", machine="x86_64", glibc="2.36")
+
+HOUR_S = 3600.0
 
 
 def _digest(data: bytes) -> str:
@@ -79,7 +80,9 @@ def build(
 ) -> Any:
     hashed = [(w, environments.sha256_of(w.path)) for w in wheels]
     key = environment_key([(w.path.name, h) for w, h in hashed], TARGET)
-    return store._build(key, hashed, requirements, TARGET)
+    env = store._build(key, hashed, requirements, TARGET)
+    store.holds.unhold(env.key)  # no sandbox links it
+    return env
 
 
 @pytest.mark.parametrize(
@@ -220,7 +223,7 @@ class CountingStore(EnvironmentStore):
         self, areas: Any, requirements: Any, target: Any, constraints: Any, say: Any
     ) -> list[Wheel]:
         self.resolved += 1
-        say("resolving")
+        await say("resolving", "resolving")
         await asyncio.sleep(0.05)  # long enough for a second caller to queue on the lock
         return self.wheels
 
@@ -271,27 +274,45 @@ def _aged(store: EnvironmentStore, key: str, age_s: float) -> None:
 def test_eviction_removes_least_recently_used_first(tmp_path: Path) -> None:
     """Over max_mb, the oldest-used environments go until the rest fits; recent and held ones
     stay, and an evicted key is gone from envs/ at once."""
-    store = EnvironmentStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=60)
+    store = EnvironmentStore(tmp_path / "cache", max_mb=256, resolve_ttl_s=60)
     store.open()
     big = b"x" * (30 << 20)
     envs = [build(store, [make_wheel(tmp_path, f"p{i}", files={f"p{i}/d": big + bytes([i])})])
             for i in range(4)]  # fmt: skip
     for age, env in zip((5, 4, 3, 2), envs, strict=True):
-        _aged(store, env.key, EVICT_GRACE_S * age)
+        _aged(store, env.key, HOUR_S * age)
+    store.max_bytes = 64 << 20
     store.hold(envs[0].key)  # the oldest is in use by this process
     removed = store.evict()
     assert removed == [envs[1].key, envs[2].key]
     assert sorted(os.listdir(store.envs)) == sorted([envs[0].key, envs[3].key])
 
 
-def test_nothing_used_recently_is_evicted(tmp_path: Path) -> None:
-    """Environments used within the grace period stay even when the cache is over its size."""
+def test_the_cap_holds_for_recently_used_environments(tmp_path: Path) -> None:
+    """A build that would pass max_mb first evicts what no sandbox holds, however recently
+    it was used: the cache never holds more than its cap."""
     store = EnvironmentStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=60)
     store.open()
     big = b"y" * (40 << 20)
     envs = [build(store, [make_wheel(tmp_path, f"q{i}", files={f"q{i}/d": big + bytes([i])})])
             for i in range(2)]  # fmt: skip
-    assert store.evict() == [] and len(os.listdir(store.envs)) == len(envs)
+    assert os.listdir(store.envs) == [envs[1].key]
+    assert environments.tree_bytes(store.envs) <= store.max_bytes
+
+
+def test_a_build_that_cannot_fit_beside_held_ones_is_refused_whole(tmp_path: Path) -> None:
+    """When evicting what no sandbox holds is not enough, the build is a PackageFetchError
+    naming the cap and the setting to raise; nothing of it is left in the cache."""
+    store = EnvironmentStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=60)
+    store.open()
+    big = b"z" * (40 << 20)
+    first = build(store, [make_wheel(tmp_path, "held", files={"held/d": big})])
+    store.hold(first.key)  # a live sandbox links it
+    with pytest.raises(PackageFetchError, match=r"cap is 64 MB; raise security\.sandbox\."
+                       r"install_cache\.max_mb \(to at least 81\)"):  # fmt: skip
+        build(store, [make_wheel(tmp_path, "late", files={"late/d": big + b"!"})])
+    assert os.listdir(store.envs) == [first.key]
+    assert os.listdir(store.directory / "tmp") == []
 
 
 @pytest.mark.parametrize(

@@ -250,7 +250,7 @@ def test_schema_types_are_strict() -> None:
     assert props["allowed_domains"]["items"]["type"] == "string"
 
 
-PYTHON_ONLY = {"self", "on_output"}
+PYTHON_ONLY = {"self", "on_output", "on_progress"}
 
 
 @pytest.mark.parametrize("tool", sorted(TOOL_ARGS))

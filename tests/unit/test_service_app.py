@@ -180,7 +180,8 @@ async def test_openapi_describes_every_route(make: Any) -> None:
         paths = set((await c.get("/openapi.json")).json()["paths"])
     assert {"/healthz", "/profile", "/execute", "/v1/sandboxes", "/v1/sandboxes/{sandbox_id}",
             "/v1/sandboxes/{sandbox_id}/execute", "/v1/sandboxes/{sandbox_id}/execute/stream",
-            "/v1/sandboxes/{sandbox_id}/packages", "/v1/sandboxes/{sandbox_id}/files",
+            "/v1/sandboxes/{sandbox_id}/packages", "/v1/sandboxes/{sandbox_id}/packages/stream",
+            "/v1/sandboxes/{sandbox_id}/files",
             "/v1/sandboxes/{sandbox_id}/files/{file_path}", "/v1/approvals",
             "/v1/approvals/{approval_id}", "/v1/health", "/v1/version"} <= paths  # fmt: skip
 

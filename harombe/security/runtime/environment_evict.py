@@ -1,17 +1,23 @@
 """Keeping the install cache within its size: least recently used environments out, and the
-debris of builders that died removed. Part of :class:`.environments.EnvironmentStore`."""
+debris of builders that died removed. Part of :class:`.environments.EnvironmentStore`.
+
+What is in use is never evicted: a process records each environment its live (or pooled)
+sandboxes link, and each one it is about to hand out, as a hold file ``holds/<key>.<pid>.<n>``
+whose mtime is the time it holds until (:mod:`.environment_holds`). A hold counts while its
+process is alive and its time has not passed."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
+from harombe.errors import PackageFetchError
 from harombe.security.runtime.environment_unpack import remove_tree
 
 log = structlog.get_logger(__name__)
@@ -27,8 +33,6 @@ class EnvironmentStore(Protocol):
     def load(self, key: str, *, reused: bool) -> Any: ...
 
 
-#: Environments used within this long are never evicted (a sandbox may be importing from one).
-EVICT_GRACE_S = 3600.0
 #: A staging tree this old belongs to a builder that died (builds end within their timeouts).
 DEBRIS_AGE_S = 4 * 3600.0
 
@@ -40,12 +44,29 @@ def _used_at(store: EnvironmentStore, key: str) -> float:
         return 0.0
 
 
+def held_keys(store: EnvironmentStore, *, now: float) -> set[str]:
+    """Keys with a hold of a live process that has not run out; dead holds are removed."""
+    held: set[str] = set()
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(store.directory / "holds"):
+            parts = entry.name.split(".")
+            with contextlib.suppress(OSError, ValueError):
+                if len(parts) == 3 and _alive(int(parts[1])):
+                    if entry.stat(follow_symlinks=False).st_mtime > now:
+                        held.add(parts[0])
+                    continue
+                os.unlink(entry.path)
+    return held
+
+
 def evict(
-    store: EnvironmentStore, in_use: Collection[str], *, now: float | None = None
-) -> list[str]:
-    """Remove least recently used environments until the cache fits its size; never one used
-    within :data:`EVICT_GRACE_S` or in ``in_use`` (linked into a live sandbox here, or held).
-    The keys removed. Debris (staging trees of dead builders, half-removed entries) goes too."""
+    store: EnvironmentStore, in_use: Collection[str], *, now: float | None = None,
+    need_bytes: int = 0,
+) -> tuple[list[str], int]:  # fmt: skip
+    """Remove least recently used environments until the cache, plus ``need_bytes`` about to
+    be added, fits its size; never one in ``in_use`` (this process's) or held by a process
+    (see the module docstring). The keys removed and the bytes that stay in the cache. Debris
+    (staging trees of dead builders, half-removed entries, dead holds) goes too."""
     now = time.time() if now is None else now
     sweep_debris(store, now=now)
     entries = []
@@ -56,23 +77,27 @@ def evict(
     total = sum(size for _, _, size in entries)
     removed = []
     for _, key, size in sorted(entries):
-        if total <= store.max_bytes:
+        if total + need_bytes <= store.max_bytes:
             break
-        # Read again just before: a user in another process may have touched it meanwhile.
-        if key in in_use or now - _used_at(store, key) < EVICT_GRACE_S:
+        # Read the holds just before: a user in another process may have taken one meanwhile.
+        if key in in_use or key in held_keys(store, now=now):
             continue
         gone = store.directory / "tmp" / f"evicted-{key}.{time.monotonic_ns()}"
         try:
             os.rename(store.envs / key, gone)  # out of sight at once, then deleted
         except OSError:
             continue
+        if key in held_keys(store, now=now):  # held as it went: it stays
+            with contextlib.suppress(OSError):
+                os.rename(gone, store.envs / key)
+                continue
         remove_tree(gone)
         with contextlib.suppress(OSError):
             os.unlink(store.directory / "used" / f"{key}.imports-ok")
         total -= size
         removed.append(key)
         log.info("environment.evicted", key=key, size_bytes=size)
-    return removed
+    return removed, total
 
 
 def sweep_debris(store: EnvironmentStore, *, now: float) -> None:
@@ -97,3 +122,24 @@ def _alive(pid: int) -> bool:
     except OSError:
         return True  # another user's process: alive
     return True
+
+
+def make_room(
+    store: EnvironmentStore, in_use: Collection[str], size_bytes: int, requirements: Sequence[str]
+) -> None:
+    """Evict until ``size_bytes`` more fit, else raise :class:`PackageFetchError` naming the
+    cap, what is held and the setting to raise."""
+    _, kept = evict(store, in_use, need_bytes=size_bytes)
+    if kept + size_bytes > store.max_bytes:
+        raise PackageFetchError(
+            f"{', '.join(requirements)} needs {_mb(size_bytes)} MB in the install cache, "
+            f"which holds {_mb(kept)} MB that sandboxes use or are about to, and its cap is "
+            f"{store.max_bytes >> 20} MB; raise security.sandbox.install_cache.max_mb (to "
+            f"at least {_mb(kept + size_bytes)}), or destroy sandboxes that use other "
+            "packages and install again"
+        )
+
+
+def _mb(count: int) -> int:
+    """Whole MiB, rounded up."""
+    return -(-count // (1 << 20))

@@ -17,17 +17,21 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 import zipfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
+import structlog
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
 from installer.exceptions import InstallerError
 from installer.sources import WheelFile
 
 from harombe.errors import PackageFetchError
+
+log = structlog.get_logger(__name__)
 
 #: The interpreter console scripts name: the sandbox image's Python.
 SANDBOX_PYTHON = "/usr/bin/python3"
@@ -83,7 +87,13 @@ def unpack_wheel(path: Path, stage: Path, *, label: str) -> None:
         with WheelFile.open(path) as source:
             _check_sizes(source._zipfile, label)
             source.validate_record()
-            install(source, destination, {"INSTALLER": b"harombe\n"})
+            # installer warns (RuntimeWarning) of what it skips, e.g. a __pycache__ shipped in
+            # the wheel: the debug log's, never the caller's stderr.
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                install(source, destination, {"INSTALLER": b"harombe\n"})
+            for item in said[:20]:
+                log.debug("environment.unpack_warned", wheel=label, warning=str(item.message)[:300])
     except (InstallerError, ValueError, KeyError, OSError, zipfile.BadZipFile, zlib.error,
             NotImplementedError, RuntimeError, EOFError) as exc:  # fmt: skip
         raise PackageFetchError(

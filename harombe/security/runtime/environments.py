@@ -13,12 +13,14 @@ directory: no download, no copy, no pip. Layout of the cache directory::
         manifest.json        requirements asked, wheels (file, sha256), target, size
     requests/<hash>.json     a requirement set as asked -> the environment it resolved to
     used/<key>               touched on every use: the least recently used go first
+    holds/<key>.<pid>.<n>    an environment a process's sandboxes use (never evicted)
     locks/<hash>.lock        one builder per requirement set, across processes
     tmp/                     staging: an environment appears in envs/ by one rename
 
 The key hashes the resolved wheels (names, SHA-256) and the target (Python minor, CPU, glibc).
 Wheels are unpacked after their ``RECORD`` holds (:mod:`.environment_unpack`); nothing of a
 package runs on the host. A request is answered from ``requests/`` for ``resolve_ttl_s``.
+The cache stays within ``max_mb`` (:mod:`.environment_evict`): a build makes room or is refused.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ import structlog
 
 from harombe.errors import ConfigError, PackageFetchError
 from harombe.security.runtime import packages
-from harombe.security.runtime.environment_evict import EVICT_GRACE_S, evict
+from harombe.security.runtime.environment_evict import evict, make_room
+from harombe.security.runtime.environment_holds import Holds
 from harombe.security.runtime.environment_unpack import (
     compile_tree,
     declared_bytes,
@@ -52,6 +55,7 @@ from harombe.security.runtime.environment_unpack import (
     tree_bytes,
     unpack_wheel,
 )
+from harombe.security.runtime.install_progress import ProgressCallback, Reporter
 from harombe.security.runtime.packages import pypi as pypi_fetch
 from harombe.security.runtime.packages.wheels import Target, Wheel
 from harombe.security.runtime.sandbox import ENV_MOUNT
@@ -60,14 +64,15 @@ log = structlog.get_logger(__name__)
 
 #: The file in a sandbox's user site that puts one environment on ``sys.path``.
 PTH_PREFIX = "harombe-env-"
-__all__ = ["EVICT_GRACE_S", "Environment", "EnvironmentStore", "default_directory"]
+__all__ = ["Environment", "EnvironmentStore", "Progress", "default_directory"]
 LOCK_POLL_S = 0.05
 MAX_MODULES = 50
 #: A request found in the cache is answered from memory for this long before disk is read
 #: again (the TTL, a rebuild elsewhere, an eviction).
 RECHECK_S = 10.0
 
-Progress = Callable[[str], None]
+#: ``on_progress`` of builds: see :mod:`.install_progress` (events are their message, a str).
+Progress = ProgressCallback
 
 
 def default_directory() -> Path:
@@ -126,13 +131,15 @@ class EnvironmentStore:
         max_mb: int,
         resolve_ttl_s: float,
         index_urls: Sequence[str] = (),
+        allowed_hosts: Collection[str] = (),
     ) -> None:
         self.directory = directory
         self.envs = directory / "envs"
         self.max_bytes = max_mb << 20
         self.resolve_ttl_s = resolve_ttl_s
         self.index_urls = tuple(index_urls)
-        self._leases: dict[str, int] = {}
+        self.allowed_hosts = frozenset(allowed_hosts)
+        self.holds = Holds(directory / "holds", lambda: self.in_use())
         #: Keys linked into live sandboxes of this process (the manager sets it).
         self.in_use: Callable[[], Collection[str]] = frozenset
         self._recent: dict[str, tuple[Environment, float]] = {}  # request -> env, looked up at
@@ -141,7 +148,7 @@ class EnvironmentStore:
         """Create the layout; raises :class:`ConfigError` naming the directory if it cannot."""
         try:
             for name, mode in (("envs", 0o755), ("requests", 0o700), ("used", 0o700),
-                               ("locks", 0o700), ("tmp", 0o700)):  # fmt: skip
+                               ("locks", 0o700), ("tmp", 0o700), ("holds", 0o700)):  # fmt: skip
                 (self.directory / name).mkdir(parents=True, exist_ok=True)
                 os.chmod(self.directory / name, mode)
             os.chmod(self.directory, 0o755)
@@ -161,18 +168,16 @@ class EnvironmentStore:
         target: Target,
         constraints: Sequence[str] = (),
         refresh: bool = False,
-        on_progress: Progress | None = None,
+        on_progress: Progress | Reporter | None = None,
     ) -> Environment:
         """The environment of ``requirements`` for ``target``: from the cache when a request
         for the same set was resolved within ``resolve_ttl_s`` (``refresh`` resolves again),
-        else resolved, downloaded and unpacked now. Raises :class:`PackageFetchError` (or
-        :class:`~harombe.errors.PackageSpecError`) naming the requirement that failed."""
-
-        def say(text: str) -> None:  # each step is a log event, and the caller's to show
-            log.info("environment.progressed", requirements=list(requirements), step=text)
-            if on_progress is not None:
-                on_progress(text)
-
+        else resolved, downloaded and unpacked now; held briefly for the sandbox it is for
+        (``holds``). ``on_progress`` is told each step (:mod:`.install_progress`).
+        Raises :class:`PackageFetchError` (or :class:`~harombe.errors.PackageSpecError`)
+        naming the requirement that failed, or the cache's size when it cannot make room."""
+        say = (on_progress if isinstance(on_progress, Reporter)
+               else Reporter(on_progress, requirements=list(requirements)))  # fmt: skip
         wanted = request_hash(requirements, target, constraints, self.index_urls)
         if not refresh:
             recent = self._recent.get(wanted)
@@ -191,7 +196,6 @@ class EnvironmentStore:
                     return known
             env = await self._resolve_and_build(requirements, target, constraints, say)
             await asyncio.to_thread(self._remember, wanted, env.key)
-        await asyncio.to_thread(self.evict)
         return env
 
     def _remembered(self, wanted: str) -> Environment | None:
@@ -199,7 +203,8 @@ class EnvironmentStore:
             memo = json.loads((self.directory / "requests" / f"{wanted}.json").read_text())
             if time.time() - float(memo["resolved_at"]) > self.resolve_ttl_s:
                 return None
-            self.touch(str(memo["key"]))  # before the load: an eviction now must skip it
+            self.touch(str(memo["key"]))
+            self.holds.hold_briefly(str(memo["key"]))  # before the load: an eviction now skips it
             return self.load(str(memo["key"]), reused=True)
         except (OSError, ValueError, KeyError, TypeError):
             return None
@@ -228,23 +233,29 @@ class EnvironmentStore:
 
     async def _resolve_and_build(
         self, requirements: Sequence[str], target: Target, constraints: Sequence[str],
-        say: Progress,
+        say: Reporter,
     ) -> Environment:  # fmt: skip
         async with contextlib.AsyncExitStack() as areas:
             wheels = await self._resolve(areas, requirements, target, constraints, say)
-            say(f"resolved {len(wheels)} distributions: " + ", ".join(w.label for w in wheels))
+            total = sum(w.path.stat().st_size for w in wheels)
+            await say("resolving", f"resolved {len(wheels)} distributions: "
+                      + ", ".join(w.label for w in wheels), bytes=total)  # fmt: skip
             hashed = await asyncio.to_thread(lambda: [(w, sha256_of(w.path)) for w in wheels])
             key = environment_key([(w.path.name, h) for w, h in hashed], target)
+            self.holds.hold_briefly(key)
             env = await asyncio.to_thread(self.load, key, reused=True)
             if env is not None:  # another request resolved to the same set
                 self.touch(key)
                 return env
-            say(f"unpacking {len(wheels)} wheels")
-            return await asyncio.to_thread(self._build, key, hashed, tuple(requirements), target)
+            await say("unpacking", f"unpacking {len(wheels)} wheels")
+            step = say.threadsafe()
+            return await asyncio.to_thread(
+                self._build, key, hashed, tuple(requirements), target, step=step
+            )
 
     async def _resolve(
         self, areas: contextlib.AsyncExitStack, requirements: Sequence[str], target: Target,
-        constraints: Sequence[str], say: Progress,
+        constraints: Sequence[str], say: Reporter,
     ) -> list[Wheel]:  # fmt: skip
         """Each requirement in turn (a download area of its own, kept open in ``areas``),
         pinned to what the ones before it picked: one consistent set, or the failure of the
@@ -252,12 +263,12 @@ class EnvironmentStore:
         platforms = packages.manylinux_platforms(target.machine, target.glibc)
         picks: dict[str, Wheel] = {}
         for requirement in requirements:
-            say(f"resolving {requirement}")
+            await say("resolving", f"resolving {requirement}", package=requirement)
             area = await areas.enter_async_context(packages.fetching(requirement, "harombe-env-"))
             pins = [f"{w.name}=={w.version}" for w in picks.values()]
             got = await pypi_fetch.resolve(
                 area, requirement, target, platforms, [*constraints, *pins],
-                index_urls=self.index_urls,
+                index_urls=self.index_urls, allowed_hosts=self.allowed_hosts, report=say,
             )  # fmt: skip
             picks.update((w.name, w) for w in got)
         return list(picks.values())
@@ -265,7 +276,11 @@ class EnvironmentStore:
     # -- building ---------------------------------------------------------------------------
 
     def _build(self, key: str, hashed: Sequence[tuple[Wheel, str]],
-               requirements: tuple[str, ...], target: Target) -> Environment:  # fmt: skip
+               requirements: tuple[str, ...], target: Target, *,
+               step: Callable[..., None] | None = None) -> Environment:  # fmt: skip
+        """Unpack ``hashed`` into a staging tree, make room for it (or refuse) and publish it
+        as ``key``; ``step(stage, text)`` is told each step. Blocking: run it in a thread."""
+        tell = step or (lambda *_args: None)
         total = sum(declared_bytes(wheel.path) for wheel, _ in hashed)
         if total > self.max_bytes:
             raise PackageFetchError(
@@ -277,8 +292,10 @@ class EnvironmentStore:
         try:
             stage.mkdir(mode=0o755)
             for wheel, _ in sorted(hashed, key=lambda pair: pair[0].name):
+                tell("unpacking", f"unpacking {wheel.label}", wheel.name)
                 unpack_wheel(wheel.path, stage, label=wheel.label)
             if sys.version_info[:2] == tuple(int(x) for x in target.python_version.split(".")):
+                tell("compiling", "compiling bytecode")
                 compile_tree(stage / "site", shown_as=f"{ENV_MOUNT}/{key}/site")
             manifest = {
                 "key": key,
@@ -288,13 +305,15 @@ class EnvironmentStore:
                     for w, h in hashed
                 ],
                 "target": [target.python_version, target.machine, target.glibc],
-                "size_bytes": tree_bytes(stage),
+                "size_bytes": (size := tree_bytes(stage)),
                 "import_check": needs_import_check(stage, [w.name for w, _ in hashed]),
                 "modules": top_level_modules(stage / "site", requirements),
             }
             (stage / "manifest.json").write_text(json.dumps(manifest, indent=1))
             make_read_only(stage)
-            self.touch(key)  # used now: no eviction elsewhere takes it as it appears
+            self.holds.hold_briefly(key)  # no eviction elsewhere takes it as it appears
+            self.touch(key)
+            self._make_room(key, size, requirements)
             try:
                 os.rename(stage, self.envs / key)
             except OSError:  # published meanwhile by another process: theirs is the same
@@ -359,15 +378,18 @@ class EnvironmentStore:
             (self.directory / "used" / key).touch()
 
     def hold(self, key: str) -> None:
-        """Keep ``key`` from eviction by this process until :meth:`release`."""
-        self._leases[key] = self._leases.get(key, 0) + 1
+        """Keep ``key`` from eviction, by any process, until :meth:`release`."""
+        self.holds.hold(key)
 
     def release(self, key: str) -> None:
-        if self._leases.get(key, 0) > 1:
-            self._leases[key] -= 1
-        else:
-            self._leases.pop(key, None)
+        self.holds.release(key)
 
     def evict(self, *, now: float | None = None) -> list[str]:
-        """See :func:`.environment_evict.evict`: never what this process holds or uses."""
-        return evict(self, {*self._leases, *self.in_use()}, now=now)
+        """See :func:`.environment_evict.evict`: never what a process holds or uses."""
+        self.holds.write()
+        return evict(self, self.holds.mine(), now=now)[0]
+
+    def _make_room(self, key: str, size_bytes: int, requirements: Sequence[str]) -> None:
+        self.holds.write()
+        if not (self.envs / key).is_dir():  # else published meanwhile: nothing is added
+            make_room(self, self.holds.mine(), size_bytes, requirements)

@@ -16,6 +16,7 @@ the sandbox's user site. The sandbox's pip is used when the cache is off.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import secrets
 import tarfile
@@ -24,15 +25,20 @@ import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
+import structlog
+
 from harombe.config import INTERPRETERS, REGISTRY_LANGUAGES, NetworkConfig
 from harombe.config_environments import InstallCacheConfig
 from harombe.errors import UsageError
 from harombe.security.runtime import packages
 from harombe.security.runtime.environments import Environment, EnvironmentStore, default_directory
 from harombe.security.runtime.files import Files
+from harombe.security.runtime.install_progress import ProgressCallback, Reporter
 from harombe.security.runtime.packages.wheels import Target
 from harombe.security.runtime.runs import Runs
 from harombe.security.runtime.sandbox import HOME, ExecutionResult, Sandbox
+
+log = structlog.get_logger(__name__)
 
 INSTALL_TIMEOUT_S = 600.0
 NUMPY_1 = ("numpy<2",)
@@ -69,13 +75,15 @@ class Installs:
         self._files = files
         # Where packages come from: configured registries, else this machine's pip/npm config.
         self._index_urls = network.registry_urls("pypi")
+        self._pypi_hosts = network.registry_hosts("pypi")
         self._npm_registry = next(iter(network.registry_urls("npm")), None)
+        self._npm_hosts = network.registry_hosts("npm")
         self.store: EnvironmentStore | None = None
         if cache is not None and cache.enabled:
             where = Path(cache.directory).expanduser() if cache.directory else default_directory()
             self.store = EnvironmentStore(
                 where, max_mb=cache.max_mb, resolve_ttl_s=cache.resolve_ttl_s,
-                index_urls=self._index_urls,
+                index_urls=self._index_urls, allowed_hosts=self._pypi_hosts,
             )  # fmt: skip
             self.store.open()
             self.store.in_use = self.environments_in_use  # not evicted while sandboxes use them
@@ -91,50 +99,76 @@ class Installs:
         """The host directory every sandbox sees at ``ENV_MOUNT`` (None: no cache)."""
         return str(self.store.envs) if self.store is not None else None
 
-    async def install(self, box: Sandbox, spec: packages.PackageSpec) -> ExecutionResult:
+    async def install(
+        self, box: Sandbox, spec: packages.PackageSpec, *,
+        on_progress: ProgressCallback | None = None,
+    ) -> ExecutionResult:  # fmt: skip
         """Install ``spec`` into ``box``, which stays offline throughout; a failed install is
-        in the result. Raises :class:`~harombe.errors.SandboxLostError` if the sandbox dies."""
+        in the result. ``on_progress`` is told each step (:mod:`.install_progress`); the build's
+        own output goes to the debug log, never to this process's stderr. Raises
+        :class:`~harombe.errors.SandboxLostError` if the sandbox dies."""
         need = INTERPRETERS[REGISTRY_LANGUAGES[spec.registry]]
         if not box.has(need):
             raise UsageError(f"{spec.registry} packages need {need}, which image {box.image} lacks")
+        say = Reporter(on_progress, spec=spec.text, sandbox_id=box.sandbox_id)
         async with box.lock:
             if spec.registry == "npm":
                 started = time.perf_counter()
-                archive, npm_output = await packages.fetch_npm(spec, registry=self._npm_registry)
+                await say("resolving", f"resolving {spec.text} with npm", package=spec.text)
+                archive, npm_output = await packages.fetch_npm(
+                    spec, registry=self._npm_registry, allowed_hosts=self._npm_hosts
+                )
+                await say("installing", f"copying node_modules ({len(archive)} bytes) into "
+                          "the sandbox", package=spec.text, bytes=len(archive))  # fmt: skip
                 await self._files.untar(box, archive, root=f"{HOME}/node_modules")
+                await say("done", f"installed {spec.text}", package=spec.text)
                 return self._install_result(box, npm_output, time.perf_counter() - started)
             if self.store is not None:
-                return await self._install_cached(box, spec)
-            result = await self._install_pypi(box, spec)
+                return await self._install_cached(box, spec, say)
+            result = await self._install_pypi(box, spec, say)
+            if result.success:
+                await say("checking", f"importing {spec.name} once", package=spec.text)
             if result.success and _numpy_abi_break(
                 (await self._import_check(box, spec, paths=[self.user_site(box)])).stderr
             ):
                 # Built against NumPy 1.x, resolved with NumPy 2: install it again with numpy<2.
-                result = await self._install_pypi(box, spec, constraints=NUMPY_1)
+                result = await self._install_pypi(box, spec, say, constraints=NUMPY_1)
                 result.warnings.append(
                     f"{spec.text} was built against NumPy 1.x and fails to import with NumPy "
                     "2, so it was installed with numpy<2"
                 )
+            if result.success:
+                await say("done", f"installed {spec.text}", package=spec.text)
             return result
 
-    async def _install_cached(self, box: Sandbox, spec: packages.PackageSpec) -> ExecutionResult:
+    async def _install_cached(
+        self, box: Sandbox, spec: packages.PackageSpec, say: Reporter
+    ) -> ExecutionResult:
         """``spec`` through the install cache: its environment, built now or found, linked into
-        the sandbox's user site. The first sandbox to use an environment checks it imports."""
+        the sandbox's user site. The first sandbox to use an environment checks it imports
+        (a set whose wheels need NumPy 1.x was already resolved with ``numpy<2``; the check
+        catches what that reading of the wheels cannot see)."""
         assert self.store is not None
         started = time.perf_counter()
-        env = await self.store.ensure([spec.text], target=self.target(box))
+        env = await self.store.ensure([spec.text], target=self.target(box), on_progress=say)
+        await say("linking", f"linking {len(env.wheels)} distributions into the sandbox",
+                  package=spec.text, bytes=env.size_bytes)  # fmt: skip
         result = await self.link(box, env)
         warnings = []
         if result.success and not self.store.import_checked(env.key):
+            await say("checking", f"importing {spec.name} once (NumPy and another compiled "
+                      "extension)", package=spec.text)  # fmt: skip
             # Isolated (-I): what the sandbox's code planted in its user site cannot make the
             # shared verdict pass; only a clean exit with nothing on stderr marks it.
             check = await self._import_check(box, spec, paths=[env.site])
             stderr = check.stderr
+            if stderr:
+                log.info("install.import_check_said", spec=spec.text, stderr=stderr[-2000:])
             if _numpy_abi_break(stderr):
                 # Built against NumPy 1.x, resolved with NumPy 2: the set again with numpy<2.
                 await self.unlink(box, env)
                 env = await self.store.ensure([spec.text], target=self.target(box),
-                                              constraints=NUMPY_1)  # fmt: skip
+                                              constraints=NUMPY_1, on_progress=say)  # fmt: skip
                 result = await self.link(box, env)
                 warnings.append(
                     f"{spec.text} was built against NumPy 1.x and fails to import with NumPy "
@@ -145,6 +179,7 @@ class Installs:
         if result.success:
             how = "from the install cache" if env.reused else "downloaded, now cached"
             result.stdout = f"Successfully installed {' '.join(env.wheels)} ({how})\n"
+            await say("done", f"installed {' '.join(env.wheels)} ({how})", package=spec.text)
         result.execution_time = round(time.perf_counter() - started, 6)
         result.warnings.extend(warnings)
         return result
@@ -162,6 +197,7 @@ class Installs:
         assert self.store is not None
         box.linked.add(env.key)  # not evicted while the sandbox lives
         self._linked[box.sandbox_id] = box
+        await asyncio.to_thread(self.store.holds.write, [env.key])  # nor by other processes
         started = time.perf_counter()
         line = f"{env.site}\n".encode()
         member = tarfile.TarInfo(env.pth_name)
@@ -182,13 +218,18 @@ class Installs:
         return f"{HOME}/.local/lib/python{minor}/site-packages"
 
     async def _install_pypi(
-        self, box: Sandbox, spec: packages.PackageSpec, *, constraints: Sequence[str] = ()
-    ) -> ExecutionResult:
+        self, box: Sandbox, spec: packages.PackageSpec, say: Reporter, *,
+        constraints: Sequence[str] = (),
+    ) -> ExecutionResult:  # fmt: skip
         target = self.target(box)
+        await say("resolving", f"resolving {spec.text}", package=spec.text)
         archive = await packages.fetch_pypi(
             spec, python=target.python, machine=target.machine, glibc=target.glibc,
             constraints=constraints, index_urls=self._index_urls,
+            allowed_hosts=self._pypi_hosts, report=say,
         )  # fmt: skip
+        await say("installing", f"installing {spec.text} with the sandbox's pip",
+                  package=spec.text, bytes=len(archive))  # fmt: skip
         # A fresh, unguessable directory: code in the sandbox cannot have planted it (the
         # untar refuses a symlink anywhere on the way, too).
         wheels = f"/tmp/harombe-wheels-{secrets.token_hex(8)}"

@@ -43,6 +43,7 @@ from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.egress_resources import Resolver, system_resolver
 from harombe.security.runtime.environment_sandboxes import Environments
 from harombe.security.runtime.files import DirListing, Files
+from harombe.security.runtime.install_progress import ProgressCallback
 from harombe.security.runtime.installs import Installs
 from harombe.security.runtime.launcher import Launcher
 from harombe.security.runtime.manager_pools import PoolMixin
@@ -296,14 +297,16 @@ class SandboxManager(PoolMixin):
             return await self._replace(box, exc, language=language or box.language, started=started)
 
     async def install_package(
-        self, sandbox_id: str, package: str, registry: str = "pypi"
-    ) -> ExecutionResult:
-        """Install a registry package into the sandbox, which stays offline throughout."""
+        self, sandbox_id: str, package: str, registry: str = "pypi", *,
+        on_progress: ProgressCallback | None = None,
+    ) -> ExecutionResult:  # fmt: skip
+        """Install a registry package into the sandbox, which stays offline throughout;
+        ``on_progress`` (sync or async) is told each step (:mod:`.install_progress`)."""
         spec = packages.parse_spec(package, registry)
         box = self.get(sandbox_id)
         started = time.perf_counter()
         try:
-            return await self.installs.install(box, spec)
+            return await self.installs.install(box, spec, on_progress=on_progress)
         except SandboxLostError as exc:
             self._check_still_live(box)
             return await self._replace(box, exc, language="shell", started=started)

@@ -21,13 +21,14 @@ import io
 import os
 import shutil
 import tarfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from pathlib import Path
 
 import structlog
 
 from harombe.errors import PackageFetchError
 from harombe.security.policy.package_specs import REGISTRIES, PackageSpec, Registry, parse_spec
+from harombe.security.runtime.install_progress import SILENT, Reporter
 from harombe.security.runtime.packages import npm as npm_fetch
 from harombe.security.runtime.packages import pypi as pypi_fetch
 from harombe.security.runtime.packages.fetch_runner import FetchArea
@@ -126,6 +127,8 @@ async def fetch_pypi(
     glibc: str,
     constraints: Sequence[str] = (),
     index_urls: Sequence[str] = (),
+    allowed_hosts: Collection[str] = (),
+    report: Reporter = SILENT,
 ) -> bytes:
     """Wheels for ``spec`` and its dependencies, for the sandbox's interpreter, as a tar.gz.
 
@@ -137,15 +140,18 @@ async def fetch_pypi(
     async with fetching(spec.text, "harombe-wheels-") as area:
         wheels = await pypi_fetch.resolve(
             area, spec.text, target, manylinux_platforms(machine, glibc), constraints,
-            index_urls=index_urls,
+            index_urls=index_urls, allowed_hosts=allowed_hosts, report=report,
         )  # fmt: skip
         log.debug("package.fetched", registry="pypi", spec=spec.text, files=len(wheels))
         return await asyncio.to_thread(_tar, [w.path for w in wheels], _owner(area))
 
 
-async def fetch_npm(spec: PackageSpec, *, registry: str | None = None) -> tuple[bytes, str]:
+async def fetch_npm(
+    spec: PackageSpec, *, registry: str | None = None, allowed_hosts: Collection[str] = ()
+) -> tuple[bytes, str]:
     """``node_modules`` for ``spec`` (registry releases only, install scripts not run) as a
-    tar.gz, and npm's output; ``registry`` overrides npm's configured one. See :mod:`.npm`."""
+    tar.gz, and npm's output; ``registry`` overrides npm's configured one; ``allowed_hosts``
+    (when given) are the only hosts npm may have fetched from. See :mod:`.npm`."""
     npm = shutil.which("npm")
     if npm is None:
         raise PackageFetchError(
@@ -153,7 +159,9 @@ async def fetch_npm(spec: PackageSpec, *, registry: str | None = None) -> tuple[
             "npm (install it, e.g. `apt-get install npm`)"
         )
     async with fetching(spec.text, "harombe-npm-") as area:
-        modules, output = await npm_fetch.fetch_tree(area, npm, spec.text, registry=registry)
+        modules, output = await npm_fetch.fetch_tree(
+            area, npm, spec.text, registry=registry, allowed_hosts=allowed_hosts
+        )
         archive = await asyncio.to_thread(_tar, sorted(modules.iterdir()), _owner(area))
         log.debug("package.fetched", registry="npm", spec=spec.text)
         return archive, output

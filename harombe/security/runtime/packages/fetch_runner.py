@@ -30,7 +30,7 @@ import shutil
 import signal
 import stat
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -152,13 +152,13 @@ class FetchArea:
         pass_fds: Sequence[int] = (),
         timeout_s: float = RUN_TIMEOUT_S,
         give: Sequence[str] = (),
+        on_line: Callable[[str], Awaitable[None]] | None = None,
     ) -> tuple[int, str]:
         """Run ``argv`` in ``cwd`` as the download user; its exit code and combined output.
-
-        ``give`` names files harombe wrote in ``cwd`` that the tool may change."""
+        ``give`` names files harombe wrote in ``cwd`` that the tool may change; ``on_line``
+        is given each line of output as it is printed (the whole output is returned too)."""
         self._lend(cwd, give)
-        ident = self.identity
-        cap = FILE_MAX_BYTES
+        ident, cap = self.identity, FILE_MAX_BYTES
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -186,7 +186,7 @@ class FetchArea:
                 f"host's {Path(argv[0]).name} (install it, e.g. `apt-get install npm`)"
             ) from None
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+            out = await asyncio.wait_for(_collect(proc, on_line), timeout_s)
         except TimeoutError:
             await _stop(proc)
             self._reclaim(cwd, proc.pid)
@@ -203,6 +203,32 @@ class FetchArea:
         log.debug("package.tool_ran", tool=Path(argv[0]).name, exit_code=proc.returncode,
                   user=ident.label)  # fmt: skip
         return proc.returncode if proc.returncode is not None else -1, text
+
+
+#: Longest line handed to ``on_line``; the rest of a longer one is dropped (not the output).
+LINE_MAX_BYTES = 16384
+
+
+async def _collect(
+    proc: asyncio.subprocess.Process, on_line: Callable[[str], Awaitable[None]] | None
+) -> bytes:
+    """The process's whole output, read as it comes (``on_line`` gets each line), once it
+    has exited."""
+    assert proc.stdout is not None
+    chunks: list[bytes] = []
+    pending = b""
+    while data := await proc.stdout.read(65536):
+        chunks.append(data)
+        if on_line is None:
+            continue
+        *lines, pending = (pending + data).split(b"\n")
+        pending = pending[:LINE_MAX_BYTES]
+        for line in lines:
+            await on_line(line[:LINE_MAX_BYTES].decode("utf-8", "replace"))
+    if on_line is not None and pending:
+        await on_line(pending.decode("utf-8", "replace"))
+    await proc.wait()
+    return b"".join(chunks)
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:

@@ -29,9 +29,10 @@ import json
 import os
 import re
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 
@@ -170,11 +171,49 @@ def _npmrc(env: dict[str, str]) -> bytes:
     return content
 
 
+#: npm's debug-log line for each request it made: method, status, the URL answered from.
+FETCHED = re.compile(r"http fetch [A-Z]+ \d+ (\S+)")
+
+
+def fetched_hosts(log_text: str) -> set[str]:
+    """The hosts npm's debug log says it fetched from. Pure."""
+    hosts = set()
+    for url in FETCHED.findall(log_text):
+        try:
+            hosts.add((urlsplit(url).hostname or "").lower())
+        except ValueError:
+            hosts.add("")
+    return hosts
+
+
+def check_fetched_hosts(log_text: str, allowed_hosts: Collection[str], spec_text: str) -> None:
+    """Every request npm made went to an allowed host; else :class:`PackageFetchError` naming
+    the host. A log with no request in it cannot show that: refused too."""
+    hosts = fetched_hosts(log_text)
+    if not hosts:
+        raise PackageFetchError(
+            f"npm's log does not say where the files of {spec_text} came from, so they cannot "
+            "be checked against security.sandbox.network.allowed_registries.npm; remove the "
+            "host names there (or let npm write its log: no logs-max=0 in the .npmrc)"
+        )
+    for host in sorted(hosts):
+        if host not in allowed_hosts:
+            raise PackageFetchError(
+                f"npm downloaded files of {spec_text} from {host or 'an unnamed host'}, which "
+                "is not an allowed download host: security.sandbox.network.allowed_registries"
+                f".npm lists the hosts installs may download from; add {host or 'it'} there "
+                "if it is a registry you trust, or point npm's configuration at an allowed one"
+            )
+
+
 async def fetch_tree(
-    area: FetchArea, npm: str, spec_text: str, *, registry: str | None = None
-) -> tuple[Path, str]:
+    area: FetchArea, npm: str, spec_text: str, *, registry: str | None = None,
+    allowed_hosts: Collection[str] = (),
+) -> tuple[Path, str]:  # fmt: skip
     """Resolve, check and install ``spec_text``; the ``node_modules`` directory and npm's
-    output. See the module docstring for the steps and for ``registry``."""
+    output. See the module docstring for the steps and for ``registry``. With
+    ``allowed_hosts``, every request npm made must have gone to one of them (read from its
+    debug log before anything reaches a sandbox)."""
     work = area.new_dir("npm")
     (work / "package.json").write_text('{"name":"harombe-install","private":true}')
     env = _npm_env(work / "home")
@@ -199,6 +238,9 @@ async def fetch_tree(
             raise _npm_failure(spec_text, output, work / "home" / "cache" / "_logs")
     finally:
         os.close(fd)
+    if allowed_hosts:
+        logs = await asyncio.to_thread(_read_logs, work / "home" / "cache" / "_logs")
+        check_fetched_hosts(logs, allowed_hosts, spec_text)
     modules = work / "node_modules"
     if modules.is_symlink() or not modules.is_dir():
         raise PackageFetchError(f"npm installed nothing for {spec_text}:\n{tail(output)}")

@@ -10,10 +10,19 @@ build tool, or read a file outside its work directory, its own code, the system'
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+from urllib.parse import urlsplit
+
+from harombe.errors import PackageFetchError
+
 #: Address space of the guarded pip (a zip with millions of members must not exhaust the host).
 PIP_MEMORY_MAX_BYTES = 4 << 30
 GUARD_MARK = "harombe-guard-refused"
+#: Printed (with the host) when pip asks a host ``HAROMBE_ALLOWED_HOSTS`` does not list.
+HOST_MARK = "harombe-host-refused"
 
+#: With ``HAROMBE_ALLOWED_HOSTS`` set (host names, space-separated), every HTTP request pip
+#: sends to another host is refused before it leaves (:data:`HOST_MARK` and the host).
 #: Runs pip with an audit hook that refuses to start programs (pip builds and VCS checkouts are
 #: always subprocesses), import build tools, or read files outside its own directory, its own
 #: code, the system's (/usr, /etc, …) and the local sources the configuration names (an index
@@ -64,7 +73,50 @@ import resource
 resource.setrlimit(resource.RLIMIT_AS, ({PIP_MEMORY_MAX_BYTES}, {PIP_MEMORY_MAX_BYTES}))
 sys.addaudithook(_guard)
 sys.path.insert(0, sys.argv.pop(1))
+_HOSTS = frozenset(os.environ.pop("HAROMBE_ALLOWED_HOSTS", "").split())
+if _HOSTS:
+    # Every request pip sends (index pages, files, redirects) goes through PipSession.send.
+    from urllib.parse import urlsplit as _split
+    from pip._internal.network.session import PipSession as _Session
+    _send = _Session.send
+    def _checked_send(self, request, **kwargs):
+        _url = _split(request.url)
+        _host = (_url.hostname or "").lower()
+        if _url.scheme in ("http", "https") and _host not in _HOSTS:
+            raise PermissionError("{HOST_MARK}: %s is not an allowed download host" % (_host,))
+        return _send(self, request, **kwargs)
+    _Session.send = _checked_send
 import runpy
 sys.argv[0] = "pip"
 runpy.run_module("pip", run_name="__main__", alter_sys=True)
 """
+
+
+#: How the guarded pip learns the hosts it may download from (space-separated).
+ALLOWED_HOSTS_ENV = "HAROMBE_ALLOWED_HOSTS"
+
+
+def check_index_hosts(env: Mapping[str, str], allowed_hosts: Collection[str]) -> None:
+    """Every http(s) source in ``env`` (index, extra indexes, find-links) is on an allowed
+    host; local sources are not downloads. Raises :class:`PackageFetchError` naming the host."""
+    for name in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS"):
+        for value in env.get(name, "").split():
+            if not value.lower().startswith(("http://", "https://")):
+                continue
+            try:
+                host = (urlsplit(value).hostname or "").lower()
+            except ValueError:
+                host = ""
+            if host not in allowed_hosts:
+                raise host_refused(host, "pypi", what=f"the package index {host} (pip's {name})")
+
+
+def host_refused(host: str, registry: str, *, what: str) -> PackageFetchError:
+    """The error of a download from a host ``network.allowed_registries`` does not list."""
+    shown = host or "its host"
+    return PackageFetchError(
+        f"{what} is not an allowed download host: security.sandbox.network."
+        f"allowed_registries.{registry} lists the hosts installs may download from, and "
+        f"{shown} is not one of them; add {shown} to allowed_registries.{registry} if it is "
+        "a registry you trust, or point this machine's configuration at an allowed one"
+    )

@@ -31,11 +31,12 @@ import asyncio
 import atexit
 import importlib.util
 import os
+import re
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import structlog
@@ -44,6 +45,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from harombe.errors import PackageFetchError, PackageNotFoundError
+from harombe.security.runtime.install_progress import SILENT, Reporter
 from harombe.security.runtime.packages.fetch_runner import (
     FILE_MAX_BYTES,
     FetchArea,
@@ -51,10 +53,21 @@ from harombe.security.runtime.packages.fetch_runner import (
     base_env,
     tail,
 )
+from harombe.security.runtime.packages.pip_guard import ALLOWED_HOSTS_ENV, HOST_MARK, host_refused
 from harombe.security.runtime.packages.pip_guard import GUARD_MARK as GUARD_MARK
 from harombe.security.runtime.packages.pip_guard import PIP_GUARD as PIP_GUARD
+from harombe.security.runtime.packages.pip_guard import check_index_hosts as check_index_hosts
+from harombe.security.runtime.packages.pip_progress import on_pip_line, ticking
+from harombe.security.runtime.packages.pip_progress import pip_download_line as pip_download_line
 from harombe.security.runtime.packages.wheels import Target as Target  # resolve()'s argument
-from harombe.security.runtime.packages.wheels import Want, Wheel, collect_wheels, stale, wanted
+from harombe.security.runtime.packages.wheels import (
+    Want,
+    Wheel,
+    collect_wheels,
+    numpy_1_builds,
+    stale,
+    wanted,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -107,11 +120,16 @@ def _pip_config() -> dict[str, str]:
 _CONFIG_LOCK = asyncio.Lock()
 
 
-async def pip_env(home: Path, index_urls: Sequence[str] = ()) -> dict[str, str]:
+async def pip_env(
+    home: Path, index_urls: Sequence[str] = (), *, allowed_hosts: Collection[str] = ()
+) -> dict[str, str]:
     """The environment for the guarded pip: machine settings, no config files, no cache.
 
     ``index_urls`` (http(s) URLs, checked by the config) replace the machine's sources: the
-    first is ``PIP_INDEX_URL``, the rest ``PIP_EXTRA_INDEX_URL`` (pip splits it on spaces)."""
+    first is ``PIP_INDEX_URL``, the rest ``PIP_EXTRA_INDEX_URL`` (pip splits it on spaces).
+    ``allowed_hosts`` (``network.allowed_registries`` host names): every index in use must be
+    on one of them, else :class:`PackageFetchError` naming the host; the guard then refuses
+    any request to another host (:data:`~.pip_guard.HOST_MARK`)."""
     async with _CONFIG_LOCK:  # the first call imports pip's loader (~0.2 s), once
         settings = await asyncio.to_thread(_pip_config)
     env = base_env(home)
@@ -129,6 +147,9 @@ async def pip_env(home: Path, index_urls: Sequence[str] = ()) -> dict[str, str]:
         PIP_DISABLE_PIP_VERSION_CHECK="1",
         PYTHONNOUSERSITE="1",
     )
+    if allowed_hosts:
+        check_index_hosts(env, allowed_hosts)
+        env[ALLOWED_HOSTS_ENV] = " ".join(sorted(allowed_hosts))
     return env
 
 
@@ -220,6 +241,9 @@ class Download:
     target: Target
     platforms: Sequence[str]
     index_urls: Sequence[str] = ()
+    allowed_hosts: Collection[str] = ()
+    report: Reporter = SILENT
+    fetched_bytes: list[int] = field(default_factory=lambda: [0])  # by the levels before
 
 
 async def resolve(
@@ -230,20 +254,29 @@ async def resolve(
     constraints: Sequence[str] = (),
     *,
     index_urls: Sequence[str] = (),
+    allowed_hosts: Collection[str] = (),
+    report: Reporter = SILENT,
 ) -> list[Wheel]:
     """Wheels for ``root_text`` and everything it needs in ``target``; see the module docstring.
 
     ``constraints`` are extra version limits (``numpy<2``); ``index_urls`` the configured
-    indexes (empty: this machine's pip configuration). Raises :class:`PackageSpecError` for a
-    URL/VCS/path reference anywhere in the tree, and :class:`PackageFetchError` when a needed
-    distribution has no wheel for the sandbox."""
+    indexes (empty: this machine's pip configuration); ``allowed_hosts`` the hosts files may
+    come from (empty: any the index links to); ``report`` is told each level and download.
+    Raises :class:`PackageSpecError` for a URL/VCS/path reference anywhere in the tree, and
+    :class:`PackageFetchError` when a needed distribution has no wheel for the sandbox.
+
+    A wheel whose compiled extensions were built against NumPy 1.x (they fail to import with
+    NumPy 2) limits ``numpy`` to ``<2`` as soon as it is downloaded, unless the constraints
+    name NumPy: the set is resolved once, never built and then resolved again."""
     root = Requirement(root_text)
     limits: dict[str, SpecifierSet] = {}
     for line in constraints:
         limit = Requirement(line)
         limits[canonicalize_name(limit.name)] = limit.specifier
+    numpy_fixed = "numpy" in limits
     env_markers = target.marker_env()
-    download = Download(area, await pip_runtime(area), target, platforms, index_urls)
+    download = Download(area, await pip_runtime(area), target, platforms, index_urls,
+                        allowed_hosts, report)  # fmt: skip
     picks: dict[str, Wheel] = {}
     for _ in range(MAX_ROUNDS):
         wants = wanted(root, picks, env_markers, limits)
@@ -255,8 +288,11 @@ async def resolve(
         todo = stale(wants, picks)
         if not todo:
             return [picks[name] for name in wants]
-        picks.update(await _fetch_level(download, todo, picks, root.name))
+        level = await _fetch_level(download, todo, picks, root.name)
+        picks.update(level)
+        numpy_fixed = numpy_fixed or await _limit_numpy(download, level, limits)
         total_bytes = sum(w.path.stat().st_size for w in picks.values())
+        download.fetched_bytes[0] = total_bytes
         if total_bytes > DOWNLOAD_MAX_BYTES:
             raise PackageFetchError(
                 f"the wheels of {root_text} exceed {DOWNLOAD_MAX_BYTES >> 20} MB together; "
@@ -269,17 +305,42 @@ async def resolve(
     )
 
 
+async def _limit_numpy(
+    download: Download, level: Mapping[str, Wheel], limits: dict[str, SpecifierSet]
+) -> bool:
+    """Limit ``numpy`` to ``<2`` when a wheel of ``level`` needs NumPy 1.x; whether it did.
+    Limited now, NumPy is picked within it (stale() fetches again a NumPy 2 already picked)
+    rather than a set built that cannot import."""
+    old = await asyncio.to_thread(numpy_1_builds, list(level.values()))
+    if old:
+        limits["numpy"] = SpecifierSet("<2")
+        await download.report("resolving", f"limiting numpy to <2: {', '.join(old)} were "
+                              "built against NumPy 1.x", package="numpy")  # fmt: skip
+    return bool(old)
+
+
 async def _fetch_level(
     download: Download, todo: Sequence[Want], picks: Mapping[str, Wheel], root: str
 ) -> dict[str, Wheel]:
     """One guarded ``pip download`` of ``todo``: the new pick for each of them."""
     work = download.area.new_dir("pip")
     dest = work / "wheels"  # made by pip, as the download user
-    code, output = await download.area.run(
-        pip_argv(download.runtime, todo, dest, download.target, download.platforms),
-        cwd=work,
-        env=await pip_env(work / "home", download.index_urls),
-    )
+    names = ", ".join(w.pip_text for w in todo[:8]) + (", ..." if len(todo) > 8 else "")
+    plural = "s" if len(todo) != 1 else ""
+    await download.report("resolving", f"fetching {len(todo)} distribution{plural}: {names}",
+                          package=root)  # fmt: skip
+
+    async def on_line(line: str) -> None:
+        await on_pip_line(download, line)
+
+    env = await pip_env(work / "home", download.index_urls, allowed_hosts=download.allowed_hosts)
+    async with ticking(download, work):
+        code, output = await download.area.run(
+            pip_argv(download.runtime, todo, dest, download.target, download.platforms),
+            cwd=work,
+            env=env,
+            on_line=on_line,
+        )
     if code != 0:
         raise _pip_failure(todo, download.target, output)
     fetched = await asyncio.to_thread(collect_wheels, dest, root)
@@ -306,6 +367,10 @@ UNREACHABLE_MARKS = ("NewConnectionError", "Max retries exceeded", "ProxyError",
 
 def _pip_failure(todo: Sequence[Want], target: Target, output: str) -> PackageFetchError:
     asked = ", ".join(f"{w.pip_text} (needed by {w.needed_by})" for w in todo)
+    refused = re.search(re.escape(HOST_MARK) + r": (\S*)", output)
+    if refused:
+        host = refused.group(1)
+        return host_refused(host, "pypi", what=f"a file of {asked} would come from {host}, which")
     if "File too large" in output or "EFBIG" in output:
         return PackageFetchError(
             f"a file of {asked} is larger than the download cap "

@@ -223,3 +223,53 @@ def collect_wheels(dest: Path, root: str) -> dict[str, Wheel]:
         requires = parse_requires(label, read_requires_dist(Path(entry.path)), root)
         found[str(name)] = Wheel(str(name), version, Path(entry.path), requires)
     return found
+
+
+#: The module NumPy's C API is imported from: NumPy 2's headers name ``numpy._core`` (with a
+#: fallback to ``numpy.core``), NumPy 1.x's only ``numpy.core``. An extension that holds the
+#: second string but not the first was built against NumPy 1.x and fails to import with 2.x.
+NUMPY_2_API = b"numpy._core._multiarray_umath"
+NUMPY_1_API = b"numpy.core._multiarray_umath"
+#: Bytes of extensions read from one wheel for the check (a larger rest is not read).
+NUMPY_SCAN_MAX_BYTES = 1 << 30
+
+
+def built_against_numpy_1(path: Path) -> bool:
+    """Whether a compiled extension (``.so``) in the wheel at ``path`` was built against NumPy
+    1.x's C API (see :data:`NUMPY_1_API`). Reads the members as data; a wheel that cannot be
+    read says no (unpacking refuses it later)."""
+    budget = NUMPY_SCAN_MAX_BYTES
+    keep = max(len(NUMPY_1_API), len(NUMPY_2_API))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle, zipfile.ZipFile(handle) as wheel:
+            for info in wheel.infolist()[:ZIP_MAX_MEMBERS]:
+                base = info.filename.rsplit("/", 1)[-1]
+                if not (base.endswith(".so") or ".so." in base) or budget <= 0:
+                    continue
+                old = new = False
+                tail = b""
+                with wheel.open(info) as member:
+                    while budget > 0 and (chunk := member.read(1 << 20)):
+                        budget -= len(chunk)
+                        window = tail + chunk
+                        old = old or NUMPY_1_API in window
+                        new = new or NUMPY_2_API in window
+                        tail = window[-keep:]
+                if old and not new:
+                    return True
+    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError):
+        return False
+    return False
+
+
+def numpy_1_builds(wheels: Iterable[Wheel]) -> list[str]:
+    """Labels of ``wheels`` (NumPy aside) that depend on NumPy and hold extensions built
+    against NumPy 1.x. Reads the wheels: run it in a thread."""
+    return [
+        wheel.label
+        for wheel in wheels
+        if wheel.name != "numpy"
+        and any(canonicalize_name(r.name) == "numpy" for r in wheel.requires)
+        and built_against_numpy_1(wheel.path)
+    ]

@@ -1,0 +1,78 @@
+"""Which environments a process's sandboxes use, recorded where every process sharing the
+install cache sees it: ``holds/<key>.<pid>.<n>``, whose mtime is the time it holds until.
+Eviction (:mod:`.environment_evict`) never takes a key held by a live process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Collection
+from pathlib import Path
+
+#: How long a hold of a linked environment lasts unless its process writes it again.
+HOLD_S = 86400.0
+#: How long an environment just built or looked up is held for the sandbox it is for.
+BRIEF_HOLD_S = 120.0
+
+
+class Holds:
+    """One store's holds: leases (:meth:`hold`), brief holds of environments about to be
+    linked, and what its live sandboxes link (``in_use``), written to ``directory``."""
+
+    def __init__(self, directory: Path, in_use: Callable[[], Collection[str]]) -> None:
+        self.directory = directory
+        self._in_use = in_use
+        self._leases: dict[str, int] = {}
+        self._brief: dict[str, float] = {}  # key -> held until
+        self._tag = f"{os.getpid()}.{secrets.randbelow(10**9)}"
+        self._lock = threading.Lock()
+
+    def mine(self) -> set[str]:
+        """Keys this store holds, leases and live sandboxes' links (brief holds are in the
+        files only: eviction reads them there)."""
+        return {*self._leases, *self._in_use()}
+
+    def hold(self, key: str) -> None:
+        self._leases[key] = self._leases.get(key, 0) + 1
+        self.write()
+
+    def release(self, key: str) -> None:
+        if self._leases.get(key, 0) > 1:
+            self._leases[key] -= 1
+        else:
+            self._leases.pop(key, None)
+        self.write()
+
+    def hold_briefly(self, key: str) -> None:
+        self._brief[key] = time.time() + BRIEF_HOLD_S
+        self.write()
+
+    def unhold(self, key: str) -> None:
+        self._brief.pop(key, None)
+        self.write()
+
+    def write(self, linked: Collection[str] = ()) -> None:
+        """Make this store's hold files what it holds now; ``linked`` keys were just linked
+        (their brief hold becomes a link's)."""
+        now = time.time()
+        with self._lock:
+            for key in linked:
+                self._brief.pop(key, None)
+            self._brief = {k: until for k, until in self._brief.items() if until > now}
+            wanted = {key: now + HOLD_S for key in {*self.mine(), *linked}}
+            for key, until in self._brief.items():
+                wanted.setdefault(key, until)
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(self.directory):
+                    key, _, tag = entry.name.partition(".")
+                    if tag == self._tag and key not in wanted:
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)
+            for key, until in wanted.items():
+                path = self.directory / f"{key}.{self._tag}"
+                with contextlib.suppress(OSError):
+                    path.touch()
+                    os.utime(path, (until, until))
