@@ -46,7 +46,9 @@ class Rig:
 def _installed(success: bool = True) -> Callable[..., Awaitable[ExecutionResult]]:
     """A stand-in for the manager's install (the fake guest has no pip): its result."""
 
-    async def install(sandbox_id: str, package: str, registry: str = "pypi") -> ExecutionResult:
+    async def install(
+        sandbox_id: str, package: str, registry: str = "pypi", *, on_progress: object = None
+    ) -> ExecutionResult:
         return ExecutionResult(
             success=success, sandbox_id=sandbox_id, stdout="Successfully installed\n",
             stderr="", exit_code=0 if success else 1, execution_time=0.1,
