@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     port = config.service.port if args.port is None else args.port
     check_binding(config, host)
     service = Service(config)
+    for problem in service.profile_set.problems:  # the others work; say which does not
+        disabled = f"profile {problem.profile!r} disabled: " if problem.profile else ""
+        print(f"harombe serve: warning: {disabled}{problem.message}", file=sys.stderr)
     app = create_app(service=service)
     shown = f"[{host}]" if ":" in host else host
     print(f"harombe serve: http://{shown}:{port}  (API docs: /docs)", file=sys.stderr)

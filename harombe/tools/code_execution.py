@@ -37,6 +37,7 @@ import structlog
 from harombe.errors import GuardrailError, HarombeError, UsageError
 from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
 from harombe.security.policy.paths import exact_str, is_a
+from harombe.security.policy.profile_set import ProfileSet
 from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
@@ -96,14 +97,14 @@ class CodeExecutionTools:
     ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`.
 
     ``profiles`` are the policy profiles ``code_execute(profile=...)`` may name; left out,
-    they are read from the manager's config on first use (:mod:`harombe.tools.profiles`)."""
+    they are those the manager checked when it started (:mod:`harombe.tools.profiles`)."""
 
     def __init__(
         self,
         sandbox_manager: SandboxManager,
         hitl_gate: HITLGate | None = None,
         *,
-        profiles: Mapping[str, Profile] | None = None,
+        profiles: Mapping[str, Profile] | ProfileSet | None = None,
     ) -> None:
         if hitl_gate is not None and not callable(getattr(hitl_gate, "check_approval", None)):
             # A gate that cannot be consulted would let every call through: fail closed.
@@ -111,7 +112,11 @@ class CodeExecutionTools:
             raise UsageError(f"hitl_gate must be a harombe.security.hitl.HITLGate (got {got})")
         self.sandbox_manager = sandbox_manager
         self.hitl_gate = hitl_gate
-        self.profiles = ProfileTable(sandbox_manager.config, profiles)
+        self.profiles = ProfileTable(
+            sandbox_manager.config,
+            profiles,
+            loaded=lambda: getattr(sandbox_manager, "profile_set", None),
+        )
         # Sandboxes talk to harombe over streams bound to one event loop: the loop these tools
         # were made on, or else the one of their first call.
         try:
