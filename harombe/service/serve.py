@@ -76,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     settings = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                               timeout_graceful_shutdown=GRACE_S)  # fmt: skip
-    Server(settings, on_shutdown=service.begin_shutdown).run()
+    Server(settings, on_shutdown=service.begin_shutdown,
+           header_timeout_s=config.service.header_timeout_s).run()  # fmt: skip
     return 0
 
 
