@@ -17,6 +17,7 @@ from typing import Any
 
 import mcp_types as types
 
+from harombe.host_paths import scrub_host_paths
 from harombe.tools import schemas
 
 #: Image types an MCP client is expected to render; other artifacts stay in the JSON only.
@@ -62,4 +63,4 @@ def to_call_result(result: Mapping[str, Any]) -> types.CallToolResult:
 def error_result(kind: str, message: str) -> types.CallToolResult:
     """A tool error in the shape of a tool result (``success: false``, ``error``), for calls
     refused before any tool ran."""
-    return to_call_result({"success": False, "error": f"{kind}: {message}"})
+    return to_call_result({"success": False, "error": scrub_host_paths(f"{kind}: {message}")})

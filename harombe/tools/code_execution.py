@@ -35,6 +35,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import structlog
 
 from harombe.errors import GuardrailError, HarombeError, UsageError
+from harombe.host_paths import scrub_host_paths
 from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
 from harombe.security.policy.paths import exact_str, is_a
 from harombe.security.policy.profile_set import ProfileSet
@@ -65,6 +66,15 @@ def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
     if isinstance(err, GuardrailError):  # the scan's findings, as data
         fields["violations"] = list(err.violations)
     return {"success": False, **fields, "error": f"{err.kind}: {err}"}
+
+
+def _without_host_paths(tool: str, result: dict[str, Any]) -> None:
+    """Replace this host's paths in ``result``'s ``error`` (the caller's copy; the log keeps
+    the original)."""
+    error = result.get("error")
+    if isinstance(error, str) and (shown := scrub_host_paths(error)) != error:
+        log.info("tool.error_paths_hidden", tool=tool, error=error)
+        result["error"] = shown
 
 
 def _echo(value: object) -> object:
@@ -144,6 +154,7 @@ class CodeExecutionTools:
         except HarombeError as err:
             # Nothing was asked, created or touched: the arguments are refused as given.
             result = _failure(err, **{k: _echo(v) for k, v in raw.items() if k in _ECHOED})
+            _without_host_paths(tool, result)
             self._audit(tool, result, None, started, language=_echo(raw.get("language")))
             return result
         if self.hitl_gate is not None:
@@ -164,6 +175,7 @@ class CodeExecutionTools:
             self.hitl_gate.forget_sandbox(str(lost))
         if decision is not None:
             result["approval"] = decision.summary()
+        _without_host_paths(tool, result)
         self._audit(tool, result, decision, started, language=language)
         log.debug(
             "tool.params",

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from harombe.errors import HarombeError, InvalidArgumentError, UnknownToolError
+from harombe.host_paths import scrub_host_paths
 from harombe.security.runtime.artifacts import utf8_text
 from harombe.security.runtime.channel import OutputCallback
 from harombe.tools.code_execution import CodeExecutionTools
@@ -194,7 +195,7 @@ async def dispatch(
         kwargs = _arguments(name, arguments)
     except HarombeError as err:
         log.info("tool.dispatch_refused", tool=shown, error_kind=err.kind)
-        return {"success": False, "tool": shown, "error": f"{err.kind}: {err}"}
+        return {"success": False, "tool": shown, "error": scrub_host_paths(f"{err.kind}: {err}")}
     if name == "code_execute" and on_output is not None:
         kwargs["on_output"] = on_output
     method = getattr(tools, name)

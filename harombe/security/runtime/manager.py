@@ -36,6 +36,7 @@ from harombe.errors import (
     SandboxNotFoundError,
     UsageError,
 )
+from harombe.host_paths import remember_host_path
 from harombe.security.policy.profile_set import ProfileSet
 from harombe.security.policy.profiles import Profile
 from harombe.security.runtime import packages
@@ -134,6 +135,8 @@ class SandboxManager(PoolMixin):
             manager_id=self.manager_id, environments_dir=self.installs.environments_dir,
         )  # fmt: skip
         self.environments = Environments(self.installs, self.runs, cfg.environments)
+        if self.installs.store is not None:  # errors a caller sees never name it
+            remember_host_path("<install cache>", self.installs.store.directory)
         self.pool = self._new_pool()
 
     @property

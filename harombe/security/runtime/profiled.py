@@ -19,6 +19,7 @@ import structlog
 
 from harombe.config import Language, Limits, SandboxConfig
 from harombe.errors import UsageError
+from harombe.host_paths import remember_host_path
 from harombe.profile_files import read_profile_files, shipped_names
 from harombe.security.guest import PROFILE_ENV
 from harombe.security.policy.profile_set import ProfileSet, assemble
@@ -107,6 +108,7 @@ def load_profile_set(directory: str | os.PathLike[str] | None) -> ProfileSet:
     ``profile.disabled`` warning naming the file and the fix; the manager and the service call
     it when they start. A risky import gets one ``profile.risky_import_allowed`` warning.
     Raises :class:`~harombe.errors.ConfigError` only for a broken shipped profile."""
+    remember_host_path("<profiles directory>", directory)
     documents, problems = read_profile_files(directory)
     where = None if directory is None else os.fspath(directory)
     found = assemble(documents, problems, directory=where, shipped=shipped_names())
