@@ -87,3 +87,6 @@ class ServiceConfig(_Strict):
     max_request_bytes: int = Field(
         8 * 1_048_576, ge=1024, description="largest request body, bytes (uploads included)"
     )
+    # Seconds a connection has to send a whole request head (each request's, on a kept-alive
+    # connection too); one that has not is closed, so slow heads cannot hold connections.
+    header_timeout_s: float = Field(10.0, gt=0, le=600)

@@ -6,6 +6,11 @@ The only I/O of profiles; checking and ``extends`` are pure
     documents = read_profile_documents(config.security.profiles.directory)
     profiles = resolve_profiles(documents)
 
+The manager and the service load them with
+:func:`harombe.security.runtime.profiled.load_profile_set` when they start: each file is read
+(:func:`read_profile_files`) and resolved on its own, so a broken one is reported then
+(``profile.disabled``) and disables its own profile only (and those extending it).
+
 Rules:
 
 * the shipped profiles are ``harombe/profiles/*.yaml`` (``minimal``, ``data-science``);
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,35 +55,102 @@ _SUFFIX = ".yaml"
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
+@dataclass(frozen=True)
+class ProfileProblem:
+    """A profile file (or the directory) that cannot be used, found when profiles are loaded.
+
+    ``profile``: the profile it disables (None when it disables none: a file taking a shipped
+    profile's name, or a directory that cannot be listed). ``message`` names the host path
+    (logs, the operator's terminal); ``public`` says the same with the file's name only (what a
+    caller may be told)."""
+
+    profile: str | None
+    path: str
+    message: str
+    public: str
+
+
 def read_profile_documents(
     directory: str | os.PathLike[str] | None,
 ) -> dict[str, dict[str, Any]]:
     """Profile name → parsed YAML mapping, for the shipped profiles and those in ``directory``
     (None: the shipped ones only). Raises :class:`ConfigError` naming the file at fault."""
-    documents = _read_directory(SHIPPED_DIR, "the shipped profiles")
-    if directory is None:
-        return documents
-    user_dir = Path(directory).expanduser()
-    if not user_dir.is_dir():
-        raise ConfigError(
-            f"profiles directory {user_dir} does not exist or is not a directory; fix "
-            "security.profiles.directory in the config (or set it to null)"
-        )
-    for name, document in _read_directory(user_dir, "security.profiles.directory").items():
-        if name in documents:
-            raise ConfigError(
-                f"profile file {user_dir / (name + _SUFFIX)} is named '{name}', which harombe "
-                f"ships; rename the file (e.g. '{name}-custom{_SUFFIX}') and write "
-                f"'extends: {name}' in it to start from the shipped profile"
-            )
-        documents[name] = document
-    log.info("profiles.read", directory=str(user_dir), profiles=sorted(documents))
+    documents, problems = read_profile_files(directory)
+    if problems:
+        raise ConfigError(problems[0].message)
     return documents
 
 
-def _read_directory(directory: Path, origin: str) -> dict[str, dict[str, Any]]:
+def read_profile_files(
+    directory: str | os.PathLike[str] | None,
+) -> tuple[dict[str, dict[str, Any]], list[ProfileProblem]]:
+    """Like :func:`read_profile_documents`, but a user file (or directory) that cannot be read
+    is a :class:`ProfileProblem` instead of an error; the other files are still read."""
+    documents = _read_directory(SHIPPED_DIR, "the shipped profiles")
+    if directory is None:
+        return documents, []
+    user_dir = Path(directory).expanduser()
+    problems: list[ProfileProblem] = []
+
+    def problem(profile: str | None, path: Path, message: str) -> None:
+        problems.append(ProfileProblem(profile, str(path), message, public_text(message, user_dir)))
+
+    if not user_dir.is_dir():
+        problem(
+            None,
+            user_dir,
+            f"profiles directory {user_dir} does not exist or is not a directory; fix "
+            "security.profiles.directory in the config (or set it to null)",
+        )
+        return documents, problems
     try:
-        files = sorted(
+        files = _list(user_dir, "security.profiles.directory")
+    except ConfigError as err:
+        problem(None, user_dir, str(err))
+        return documents, problems
+    for path in files:
+        name = path.stem
+        if name in documents:
+            problem(
+                None,
+                path,
+                f"profile file {path} is named '{name}', which harombe ships; rename the file "
+                f"(e.g. '{name}-custom{_SUFFIX}') and write 'extends: {name}' in it to start "
+                "from the shipped profile",
+            )
+            continue
+        try:
+            documents[name] = _read_file(path)
+        except ConfigError as err:
+            problem(name, path, str(err))
+    log.info("profiles.read", directory=str(user_dir), profiles=sorted(documents))
+    return documents, problems
+
+
+def shipped_names() -> set[str]:
+    """The names of the profiles harombe ships."""
+    return {path.stem for path in SHIPPED_DIR.glob("*" + _SUFFIX)}
+
+
+def profile_path(directory: str | os.PathLike[str], name: str) -> str:
+    """The file of the user profile ``name`` in ``directory``."""
+    return str(Path(directory).expanduser() / (name + _SUFFIX))
+
+
+def public_text(message: str, directory: str | os.PathLike[str]) -> str:
+    """``message`` with the profiles directory's host path taken out: a file is named by its
+    name, the directory by its setting (what a caller may be told)."""
+    where = str(Path(directory).expanduser())
+    return message.replace(where + os.sep, "").replace(where, "security.profiles.directory")
+
+
+def _read_directory(directory: Path, origin: str) -> dict[str, dict[str, Any]]:
+    return {path.stem: _read_file(path) for path in _list(directory, origin)}
+
+
+def _list(directory: Path, origin: str) -> list[Path]:
+    try:
+        return sorted(
             path
             for path in directory.iterdir()
             if path.suffix == _SUFFIX and not path.name.startswith(".") and not path.is_dir()
@@ -87,7 +160,6 @@ def _read_directory(directory: Path, origin: str) -> dict[str, dict[str, Any]]:
             f"cannot list the profiles in {directory} ({origin}): {exc.strerror or exc}; "
             "check that it exists and is readable"
         ) from None
-    return {path.stem: _read_file(path) for path in files}
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -18,7 +18,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from harombe.errors import ConfigError
 from harombe.service import deps
+from harombe.service.problems import status_for
+from harombe.tools.profiles import disabled_message
 
 log = structlog.get_logger(__name__)
 router = APIRouter(tags=["fips sidecar"])
@@ -94,6 +97,9 @@ async def execute(body: ExecuteRequest, request: Request) -> JSONResponse | dict
     name = body.profile or svc.profile_name
     choosable = {svc.profile_name, *svc.config.service.request_profiles}
     chosen = svc.profiles.get(name) if name in choosable else None
+    if name in choosable and name in svc.profile_set.disabled:
+        reason = disabled_message(name, svc.profile_set.disabled[name])
+        return JSONResponse({"error": reason}, status_code=status_for(ConfigError))
     if chosen is None:
         known = ", ".join(sorted(p for p in choosable if p in svc.profiles))
         return JSONResponse(

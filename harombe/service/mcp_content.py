@@ -17,6 +17,7 @@ from typing import Any
 
 import mcp_types as types
 
+from harombe.host_paths import scrub_host_paths
 from harombe.tools import schemas
 from harombe.tools.shapes import TEMPLATES, shaped
 
@@ -63,6 +64,6 @@ def to_call_result(result: Mapping[str, Any]) -> types.CallToolResult:
 def error_result(kind: str, message: str, tool: object = None) -> types.CallToolResult:
     """A tool error in the shape of a tool result (``success: false``, ``error``; every key
     of ``tool``'s result when it names a tool), for calls refused before any tool ran."""
-    refused = {"success": False, "error": f"{kind}: {message}"}
+    refused = {"success": False, "error": scrub_host_paths(f"{kind}: {message}")}
     known = isinstance(tool, str) and tool in TEMPLATES
     return to_call_result(shaped(str(tool), refused) if known else refused)

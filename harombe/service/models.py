@@ -90,8 +90,13 @@ class Problem(BaseModel):
 
 
 class Health(BaseModel):
+    """``sandboxes`` and ``runs`` count the caller's own (``scope: tenant``); an approver's
+    credential sees the whole service's (``scope: service``)."""
+
     status: Literal["ok", "starting"]
-    sandboxes: int
+    sandboxes: int = Field(description="live sandboxes: the caller's, or all for an approver")
+    runs: int = Field(description="calls running now: the caller's, or all for an approver")
+    scope: Literal["tenant", "service"]
     profile: str
 
 

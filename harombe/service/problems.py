@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from harombe import errors
+from harombe.host_paths import scrub_host_paths
 
 #: A harombe error class → HTTP status; the first class in an error's MRO found here wins.
 STATUS_BY_ERROR: dict[type[errors.HarombeError], int] = {
@@ -55,7 +56,8 @@ class HTTPProblem(HTTPException):
         self.extra = extra or {}
 
     def response(self) -> JSONResponse:
-        body = {"kind": self.kind, "message": self.message, **self.extra}
+        """The answer; this host's paths never reach a caller (:mod:`harombe.host_paths`)."""
+        body = {"kind": self.kind, "message": scrub_host_paths(self.message), **self.extra}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 

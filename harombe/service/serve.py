@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     port = config.service.port if args.port is None else args.port
     check_binding(config, host)
     service = Service(config)
+    for problem in service.profile_set.problems:  # the others work; say which does not
+        disabled = f"profile {problem.profile!r} disabled: " if problem.profile else ""
+        print(f"harombe serve: warning: {disabled}{problem.message}", file=sys.stderr)
     app = create_app(service=service)
     shown = f"[{host}]" if ":" in host else host
     print(f"harombe serve: http://{shown}:{port}  (API docs: /docs)", file=sys.stderr)
@@ -73,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _exit_cleanly)
     settings = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                               timeout_graceful_shutdown=GRACE_S)  # fmt: skip
-    Server(settings, on_shutdown=service.begin_shutdown).run()
+    Server(settings, on_shutdown=service.begin_shutdown,
+           header_timeout_s=config.service.header_timeout_s).run()  # fmt: skip
     return 0
 
 

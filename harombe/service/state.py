@@ -23,10 +23,10 @@ from harombe.security.approval.gate import gate_from_config
 from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.docker import DockerManager
 from harombe.security.runtime.manager import SandboxManager
+from harombe.security.runtime.profiled import load_profile_set
 from harombe.service.approvals import ApprovalBroker, AuditFeed
 from harombe.service.auth import Tenant, TokenTable
 from harombe.tools.code_execution import CodeExecutionTools
-from harombe.tools.profiles import load_profiles
 
 log = structlog.get_logger(__name__)
 
@@ -48,15 +48,14 @@ class Service:
         env = os.environ if environ is None else environ
         self.config = config
         self.tokens = TokenTable(config.service, env)
-        self.profiles: dict[str, Profile] = load_profiles(config)
+        # Every profile file is checked now: a broken one disables its profile only (a
+        # warning, and serve prints it), unless it is the one the service runs under.
+        self.profile_set = load_profile_set(config.security.profiles.directory)
+        self.profiles: dict[str, Profile] = self.profile_set.profiles
         self.profile_name = env.get(PROFILE_ENV) or config.service.profile
         if self.profile_name not in self.profiles:
-            known = ", ".join(sorted(self.profiles))
             source = PROFILE_ENV if env.get(PROFILE_ENV) else "service.profile"
-            raise ConfigError(
-                f"{source} names profile {self.profile_name!r}, which does not exist; use one "
-                f"of {known} or add it to security.profiles.directory"
-            )
+            raise ConfigError(self._no_active_profile(source))
         # Decides approvals when no approver token is configured; shown once at start.
         self.approval_key = approval_key or secrets.token_urlsafe(24)
         self.feed = AuditFeed()
@@ -64,11 +63,25 @@ class Service:
         self._own_docker = docker_manager is None
         self.docker_manager = docker_manager or DockerManager()
         self.manager = SandboxManager(docker_manager=self.docker_manager, config=config)
+        self.manager.profile_set = self.profile_set
         self.gate = gate_from_config(config, approver=self.broker)
-        self.tools = CodeExecutionTools(self.manager, self.gate)
+        self.tools = CodeExecutionTools(self.manager, self.gate, profiles=self.profile_set)
         self.owners: dict[str, Tenant] = {}
         self._removals: set[asyncio.Task[None]] = set()
         self.started = False
+
+    def _no_active_profile(self, source: str) -> str:
+        for problem in self.profile_set.problems:
+            if problem.profile == self.profile_name:
+                return (
+                    f"{source} names profile {self.profile_name!r}, which is disabled: "
+                    f"{problem.message}; fix that file, or choose another profile"
+                )
+        known = ", ".join(sorted(self.profiles))
+        return (
+            f"{source} names profile {self.profile_name!r}, which does not exist; use one "
+            f"of {known} or add it to security.profiles.directory"
+        )
 
     def is_approval_key(self, presented: str) -> bool:
         """Whether ``presented`` is this service's approval key (compared in constant time)."""

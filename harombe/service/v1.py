@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.responses import StreamingResponse
 
 from harombe.service import deps
 from harombe.service.auth import Tenant
+from harombe.service.gatekeeper import identify
 from harombe.service.models import (
     CreateSandbox,
     Execute,
@@ -243,13 +244,18 @@ async def install_stream(
 
 @router.get("/health", response_model=Health)
 async def health(request: Request) -> Health:
-    """Whether the service is up, how many sandboxes it holds, its fips profile."""
+    """Whether the service is up, its fips profile, and the caller's own live sandboxes and
+    running calls; an approver's token or the approval key sees the whole service's."""
     svc = deps.service_of(request)
-    return Health(
-        status="ok" if svc.started else "starting",
-        sandboxes=len(svc.manager.sandboxes),
-        profile=svc.profile_name,
-    )
+    status: Literal["ok", "starting"] = "ok" if svc.started else "starting"
+    identity = identify(svc, request.scope)
+    tenant = identity.tenant
+    if identity.approval_key or tenant is None or tenant.role == "approver":
+        sandboxes, runs = len(svc.manager.sandboxes), sum(t.running for t in svc.tokens.tenants())
+        return Health(status=status, sandboxes=sandboxes, runs=runs, scope="service",
+                      profile=svc.profile_name)  # fmt: skip
+    return Health(status=status, sandboxes=len(svc.live(tenant)), runs=tenant.running,
+                  scope="tenant", profile=svc.profile_name)  # fmt: skip
 
 
 @router.get("/version", response_model=Version)

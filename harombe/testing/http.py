@@ -51,10 +51,12 @@ async def serving(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> AsyncI
     from harombe.service.server import Server
 
     service = getattr(getattr(app, "state", None), "service", None)
+    config = getattr(service, "config", None)
     server = Server(
         uvicorn.Config(app, host=host, port=port, log_level="warning"),
         on_shutdown=getattr(service, "begin_shutdown", None),
         signals=False,  # the test runner keeps its own signal handlers
+        header_timeout_s=config.service.header_timeout_s if config else 10.0,
     )
 
     async def serve() -> None:

@@ -36,8 +36,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import structlog
 
 from harombe.errors import GuardrailError, HarombeError, UsageError
+from harombe.host_paths import scrub_host_paths
 from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
 from harombe.security.policy.paths import exact_str, is_a
+from harombe.security.policy.profile_set import ProfileSet
 from harombe.security.policy.profiles import Profile
 from harombe.security.runtime.channel import OutputCallback
 from harombe.security.runtime.manager import SandboxManager
@@ -66,6 +68,15 @@ def _failure(err: HarombeError, **fields: Any) -> dict[str, Any]:
     if isinstance(err, GuardrailError):  # the scan's findings, as data
         fields["violations"] = list(err.violations)
     return {"success": False, **fields, "error": f"{err.kind}: {err}"}
+
+
+def _without_host_paths(tool: str, result: dict[str, Any]) -> None:
+    """Replace this host's paths in ``result``'s ``error`` (the caller's copy; the log keeps
+    the original)."""
+    error = result.get("error")
+    if isinstance(error, str) and (shown := scrub_host_paths(error)) != error:
+        log.info("tool.error_paths_hidden", tool=tool, error=error)
+        result["error"] = shown
 
 
 def _echo(value: object) -> object:
@@ -98,14 +109,14 @@ class CodeExecutionTools:
     ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`.
 
     ``profiles`` are the policy profiles ``code_execute(profile=...)`` may name; left out,
-    they are read from the manager's config on first use (:mod:`harombe.tools.profiles`)."""
+    they are those the manager checked when it started (:mod:`harombe.tools.profiles`)."""
 
     def __init__(
         self,
         sandbox_manager: SandboxManager,
         hitl_gate: HITLGate | None = None,
         *,
-        profiles: Mapping[str, Profile] | None = None,
+        profiles: Mapping[str, Profile] | ProfileSet | None = None,
     ) -> None:
         if hitl_gate is not None and not callable(getattr(hitl_gate, "check_approval", None)):
             # A gate that cannot be consulted would let every call through: fail closed.
@@ -113,7 +124,11 @@ class CodeExecutionTools:
             raise UsageError(f"hitl_gate must be a harombe.security.hitl.HITLGate (got {got})")
         self.sandbox_manager = sandbox_manager
         self.hitl_gate = hitl_gate
-        self.profiles = ProfileTable(sandbox_manager.config, profiles)
+        self.profiles = ProfileTable(
+            sandbox_manager.config,
+            profiles,
+            loaded=lambda: getattr(sandbox_manager, "profile_set", None),
+        )
         # Sandboxes talk to harombe over streams bound to one event loop: the loop these tools
         # were made on, or else the one of their first call.
         try:
@@ -142,6 +157,7 @@ class CodeExecutionTools:
             # Nothing was asked, created or touched: the arguments are refused as given.
             echoed = {k: _echo(v) for k, v in raw.items() if k in _ECHOED}
             result = shaped(tool, _failure(err, **echoed))
+            _without_host_paths(tool, result)
             self._audit(tool, result, None, started, language=_echo(raw.get("language")))
             return result
         if self.hitl_gate is not None:
@@ -164,6 +180,7 @@ class CodeExecutionTools:
             self.hitl_gate.forget_sandbox(str(lost))
         if decision is not None:
             result["approval"] = decision.summary()
+        _without_host_paths(tool, result)
         self._audit(tool, result, decision, started, language=language)
         log.debug(
             "tool.params",

@@ -4,7 +4,9 @@ call, and running its scan stages before the HITL gate.
 :func:`load_profiles` reads the shipped profiles and those of ``security.profiles.directory``
 and resolves them (:func:`resolve_documents`: one ``profile.risky_import_allowed`` warning per
 profile and module such as ``os`` or ``sys`` it allows); the HTTP service uses it as well.
-:class:`ProfileTable` loads them once, on first use, for one tools object. :func:`scan` runs a
+:func:`~harombe.profile_files.load_profile_set` (the manager and the service call it when they
+start) reads each file on its own: a broken one disables only its profile. :class:`ProfileTable`
+holds one tools object's profiles (its manager's set, else loaded on first use). :func:`scan` runs a
 profile's ``pre`` stages on the code in a worker thread (a large input never holds the event
 loop) and emits exactly one ``guardrail.decided`` audit event per decision (``passed``,
 ``rejected``, or ``observed`` when the stages that found violations are in observe mode): a
@@ -15,17 +17,18 @@ asked about refused code and no sandbox is made for it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import structlog
 
 from harombe.config import HarombeConfig
-from harombe.errors import GuardrailError, InvalidArgumentError
+from harombe.errors import ConfigError, GuardrailError, InvalidArgumentError
 from harombe.profile_files import read_profile_documents
 from harombe.security.policy.guardrails import run_stages
+from harombe.security.policy.profile_set import ProfileSet
 from harombe.security.policy.profiles import Profile, import_warnings, resolve_profiles
-from harombe.security.runtime.profiled import check_language
+from harombe.security.runtime.profiled import check_language, load_profile_set
 from harombe.security.runtime.sandbox import Sandbox
 
 log = structlog.get_logger(__name__)
@@ -55,31 +58,61 @@ def resolve_documents(documents: Mapping[str, Mapping[str, Any]]) -> dict[str, P
 
 
 class ProfileTable:
-    """The profiles of one tools object: ``profiles`` if given, else read from ``config`` on
-    first use and kept (a profile directory changed later is read by a new tools object)."""
+    """The profiles of one tools object: ``profiles`` if given, else the set its manager
+    loaded when it started (``loaded()``), else read from ``config`` on first use; kept (a
+    profile directory changed later is read by a new manager or tools object). A profile
+    whose file could not be used is disabled: naming it is a :class:`ConfigError` saying why.
+    """
 
     def __init__(
-        self, config: HarombeConfig, profiles: Mapping[str, Profile] | None = None
+        self,
+        config: HarombeConfig,
+        profiles: Mapping[str, Profile] | ProfileSet | None = None,
+        *,
+        loaded: Callable[[], ProfileSet | None] | None = None,
     ) -> None:
         self._config = config
-        self._profiles = dict(profiles) if profiles is not None else None
+        self._loaded = loaded
+        self._set: ProfileSet | None = None
+        if isinstance(profiles, ProfileSet):
+            self._set = profiles
+        elif profiles is not None:
+            self._set = ProfileSet(dict(profiles))
+
+    @property
+    def profile_set(self) -> ProfileSet:
+        """The profiles and the problems found loading them (loaded now if not yet)."""
+        if self._set is None:
+            found = self._loaded() if self._loaded is not None else None
+            self._set = found or load_profile_set(self._config.security.profiles.directory)
+        return self._set
 
     @property
     def profiles(self) -> dict[str, Profile]:
-        """Profiles by name (loaded now if not yet)."""
-        if self._profiles is None:
-            self._profiles = load_profiles(self._config)
-        return self._profiles
+        """Profiles by name, the disabled ones left out (loaded now if not yet)."""
+        return self.profile_set.profiles
 
     def get(self, name: str) -> Profile:
-        """The profile ``name``; :class:`InvalidArgumentError` naming the known ones."""
-        profiles = self.profiles
-        if name not in profiles:
-            raise InvalidArgumentError(
-                f"unknown profile {name!r}; use one of {', '.join(sorted(profiles))}, or add "
-                "it to the directory security.profiles.directory names"
-            )
-        return profiles[name]
+        """The profile ``name``; :class:`ConfigError` when it is disabled (saying why),
+        :class:`InvalidArgumentError` naming the known ones when there is no such profile."""
+        found = self.profile_set
+        if name in found.profiles:
+            return found.profiles[name]
+        if name in found.disabled:
+            raise ConfigError(disabled_message(name, found.disabled[name]))
+        raise InvalidArgumentError(
+            f"unknown profile {name!r}; use one of {', '.join(sorted(found.profiles))}, or add "
+            "it to the directory security.profiles.directory names"
+        )
+
+
+def disabled_message(name: str, reason: str) -> str:
+    """What a call naming the disabled profile ``name`` is told (``reason``: caller-safe)."""
+    return (
+        f"profile {name!r} is disabled: its file could not be used when harombe started "
+        f"({reason}); fix the file and restart harombe, or use another profile (the others "
+        "work)"
+    )
 
 
 def profile_for_call(

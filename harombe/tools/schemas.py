@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from harombe.errors import HarombeError, InvalidArgumentError, UnknownToolError
+from harombe.host_paths import scrub_host_paths
 from harombe.security.runtime.artifacts import utf8_text
 from harombe.security.runtime.channel import OutputCallback
 from harombe.tools.code_execution import CodeExecutionTools
@@ -195,7 +196,7 @@ async def dispatch(
         kwargs = _arguments(name, arguments)
     except HarombeError as err:
         log.info("tool.dispatch_refused", tool=shown, error_kind=err.kind)
-        refused = {"success": False, "error": f"{err.kind}: {err}"}
+        refused = {"success": False, "error": scrub_host_paths(f"{err.kind}: {err}")}
         if shown is not None and shown in TEMPLATES:  # a known tool: its result's full shape
             return shaped(shown, refused)
         return {"success": False, "tool": shown, "error": refused["error"]}

@@ -135,7 +135,7 @@ def room(module: str) -> str:
 
 #: The base room: configuration, errors, logging, and the reading of profile files.
 BASE = {"harombe.config", "harombe.config_environments", "harombe.config_registries",
-        "harombe.config_service", "harombe.errors", "harombe.logs",
+        "harombe.config_service", "harombe.errors", "harombe.host_paths", "harombe.logs",
         "harombe.profile_files"}  # fmt: skip
 #: The modules above every room: the package, the CLI (``harombe.__main__`` and every
 #: ``harombe.cli`` module), the security package's docstring.

@@ -215,7 +215,7 @@ def test_the_profile_parameter_is_described_for_the_llm() -> None:
 def test_profiles_are_loaded_once_and_lazily() -> None:
     """The tools read the configured profiles on first use and keep them."""
     table = ProfileTable(config())
-    assert table._profiles is None
+    assert table._set is None
     first = table.profiles
     assert set(first) >= {"minimal", "data-science"} and table.profiles is first
     assert isinstance(table.get("minimal"), Profile)

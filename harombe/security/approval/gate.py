@@ -148,6 +148,17 @@ class _Verdict:
     remember: bool = False
 
 
+def _shown(assessment: Assessment) -> tuple[Reason, ...]:
+    """What an approver is shown: every finding, at every level (the deciding ones first)."""
+    return assessment.findings or assessment.reasons
+
+
+def _granted(assessment: Assessment) -> frozenset[GrantKey]:
+    """What an "approve for this sandbox" answer grants: the findings the approver was shown,
+    and only those (never a key computed apart from what was displayed)."""
+    return frozenset(r.grant_key for r in _shown(assessment)) & assessment.grant_keys
+
+
 def _name_of(approver: object) -> str:
     return str(getattr(approver, "name", None) or getattr(approver, "__name__", None)
                or type(approver).__name__)  # fmt: skip
@@ -192,7 +203,7 @@ class HITLGate:
         decision = ApprovalDecision(
             verdict.status, op, assessment.risk, assessment.reasons, verdict.by,
             round(time.monotonic() - started, 4), assessment.timeout_s, verdict.scope,
-            verdict.comment, assessment.rule_ids, assessment.grant_keys,
+            verdict.comment, assessment.rule_ids, _granted(assessment),
         )  # fmt: skip
         log.info(
             "hitl.decided",
@@ -233,7 +244,7 @@ class HITLGate:
 
     async def _ask_approver(self, op: Operation, assessment: Assessment) -> _Verdict:
         """Ask the approver, waiting at most the rule's timeout; only a True answer approves."""
-        request = ApprovalRequest(op, assessment.risk, assessment.reasons, assessment.timeout_s)
+        request = ApprovalRequest(op, assessment.risk, _shown(assessment), assessment.timeout_s)
         name = _name_of(self.approver)
         try:
             answer = await asyncio.wait_for(self._ask(request), assessment.timeout_s)

@@ -32,6 +32,9 @@ class Assessment:
     #: Every matching reason's :attr:`Reason.grant_key`, at every level: what an "approve for
     #: this sandbox" answer grants, and what a later call must be wholly covered by.
     grant_keys: frozenset[GrantKey] = frozenset()
+    #: Every matching reason, at every level (``reasons`` first): what a person asked is
+    #: shown, so a grant of ``grant_keys`` never covers a finding that was not shown.
+    findings: tuple[Reason, ...] = ()
 
 
 class RiskClassifier:
@@ -66,15 +69,17 @@ class RiskClassifier:
         risk = max(rule.risk for _, rule, _ in matched)
         deciding = [(i, rule, reasons) for i, rule, reasons in matched if rule.risk == risk]
         timeouts = [rule.timeout for _, rule, _ in deciding if rule.timeout is not None]
+        shown = tuple(reason for _, _, reasons in deciding for reason in reasons)
+        others = tuple(r for _, rule, rs in matched if rule.risk != risk for r in rs)
+        findings = tuple(dict.fromkeys(shown + others))
         return Assessment(
             risk=risk,
             require_approval=any(rule.require_approval for _, rule, _ in deciding),
             timeout_s=min(timeouts) if timeouts else DEFAULT_TIMEOUTS_S[risk],
-            reasons=tuple(reason for _, _, reasons in deciding for reason in reasons),
+            reasons=shown,
             rule_ids=frozenset(i for i, _, _ in deciding),
-            grant_keys=frozenset(
-                reason.grant_key for _, _, reasons in matched for reason in reasons
-            ),
+            grant_keys=frozenset(reason.grant_key for reason in findings),
+            findings=findings,
         )
 
     def classify(self, op: Operation) -> RiskLevel:

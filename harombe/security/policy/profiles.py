@@ -195,7 +195,7 @@ def _resolve(
         raise ConfigError(
             f"profiles extend each other in a cycle ({loop}); remove one of these extends keys"
         )
-    document = _document(name, documents[name])
+    document = checked_document(name, documents[name])
     parent_name = document.get("extends")
     parent: Profile | None = None
     if parent_name is not None:
@@ -206,11 +206,12 @@ def _resolve(
                 f"{known}); fix its extends key"
             )
         parent = _resolve(parent_name, documents, resolved, (*chain, name))
-    resolved[name] = _build(name, document, parent)
+    resolved[name] = build_profile(name, document, parent)
     return resolved[name]
 
 
-def _document(name: str, document: object) -> Mapping[str, Any]:
+def checked_document(name: str, document: object) -> Mapping[str, Any]:
+    """``document`` when ``name`` and its top-level keys are valid; else :class:`ConfigError`."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ConfigError(
             f"profile name {short(name)} is not allowed; use 1-64 characters of a-z, 0-9, '-', '_' "
@@ -230,7 +231,8 @@ def _document(name: str, document: object) -> Mapping[str, Any]:
     return document
 
 
-def _build(name: str, document: Mapping[str, Any], parent: Profile | None) -> Profile:
+def build_profile(name: str, document: Mapping[str, Any], parent: Profile | None) -> Profile:
+    """The profile ``document`` describes over ``parent``; :class:`ConfigError` naming the fix."""
     allowed = _imports(name, document.get("imports"), parent)
     preimport = _modules(name, "preimport", document.get("preimport"), dotted=True)
     preimports = parent.preimport if parent and preimport is None else tuple(preimport or ())
@@ -284,7 +286,11 @@ def _modules(name: str, key: str, value: object, *, dotted: bool) -> list[str] |
     for entry in entries:
         if not isinstance(entry, str) or not form.fullmatch(entry):
             what = "module names" if dotted else "top-level module names (no dots)"
-            raise ConfigError(f"profile '{name}': {key} holds {short(entry)}; it lists {what}")
+            fix = ""
+            if not dotted and isinstance(entry, str) and _DOTTED.fullmatch(entry):
+                top = entry.split(".")[0]
+                fix = f": write '{top}', which allows its submodules too"
+            raise ConfigError(f"profile '{name}': {key} holds {short(entry)}; it lists {what}{fix}")
     return list(dict.fromkeys(entries))
 
 

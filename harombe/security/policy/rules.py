@@ -7,6 +7,7 @@ I/O, no clock. :mod:`harombe.security.approval.gate` re-exports everything here.
 from __future__ import annotations
 
 import enum
+import hashlib
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -182,9 +183,11 @@ class HITLRule:
                 if len(text) > MAX_MATCH_CHARS:
                     if not self.require_approval:
                         return None  # an exemption is never granted on text not searched
-                    detail = (
+                    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+                    detail = (  # the digest: a grant of it covers this exact text only
                         f"{condition['param']} is {len(text):,} characters, too long to "
-                        f"search for {condition['matches']!r}; counted as matching"
+                        f"search for {condition['matches']!r}; counted as matching "
+                        f"[sha256 {digest[:16]}]"
                     )
                     details.append(Reason(self.name, self.risk, detail))
                     continue

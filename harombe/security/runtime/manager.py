@@ -36,6 +36,8 @@ from harombe.errors import (
     SandboxNotFoundError,
     UsageError,
 )
+from harombe.host_paths import remember_host_path
+from harombe.security.policy.profile_set import ProfileSet
 from harombe.security.policy.profiles import Profile
 from harombe.security.runtime import packages
 from harombe.security.runtime.backend import DockerBackend
@@ -49,7 +51,7 @@ from harombe.security.runtime.launcher import Launcher
 from harombe.security.runtime.manager_pools import PoolMixin
 from harombe.security.runtime.network import SandboxNetworks
 from harombe.security.runtime.preflight import check_runtimes
-from harombe.security.runtime.profiled import cap_timeout
+from harombe.security.runtime.profiled import cap_timeout, load_profile_set
 from harombe.security.runtime.results import lost_result
 from harombe.security.runtime.runs import Runs, effective_timeout
 from harombe.security.runtime.sandbox import (
@@ -115,6 +117,9 @@ class SandboxManager(PoolMixin):
         self._lost: dict[str, str] = {}  # lost sandbox -> why, until its replacement is known
         self._profiles: dict[str, Profile] = {}  # by fingerprint: the pools' profiles
         self._started = False
+        #: The policy profiles, each file checked when the manager starts (a broken one
+        #: disables only its profile); set beforehand to share a set already loaded.
+        self.profile_set: ProfileSet | None = None
         cfg = self.sandbox_config
         self.networks = SandboxNetworks(
             docker_manager,
@@ -131,6 +136,8 @@ class SandboxManager(PoolMixin):
             manager_id=self.manager_id, environments_dir=self.installs.environments_dir,
         )  # fmt: skip
         self.environments = Environments(self.installs, self.runs, cfg.environments)
+        if self.installs.store is not None:  # errors a caller sees never name it
+            remember_host_path("<install cache>", self.installs.store.directory)
         self.pool = self._new_pool()
 
     @property
@@ -167,6 +174,8 @@ class SandboxManager(PoolMixin):
         await check_runtimes(self.docker, cfg)
         await self.launcher.read_extra_cas()  # a bad path fails here, not per sandbox
         await self.sweep_orphans()
+        if self.profile_set is None:  # a bad file is reported now, not at its first call
+            self.profile_set = load_profile_set(self.config.security.profiles.directory)
         self._started = True
         self.pool = self._new_pool()
         for language in cfg.pool.prewarm:

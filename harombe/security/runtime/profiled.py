@@ -13,13 +13,17 @@ timeout and its ``memory_mb``, when below the configured limit, becomes the sand
 from __future__ import annotations
 
 import json
+import os
 
 import structlog
 
 from harombe.config import Language, Limits, SandboxConfig
 from harombe.errors import UsageError
+from harombe.host_paths import remember_host_path
+from harombe.profile_files import read_profile_files, shipped_names
 from harombe.security.guest import PROFILE_ENV
-from harombe.security.policy.profiles import Profile
+from harombe.security.policy.profile_set import ProfileSet, assemble
+from harombe.security.policy.profiles import Profile, import_warnings
 from harombe.security.runtime.sandbox import Sandbox
 
 log = structlog.get_logger(__name__)
@@ -96,3 +100,22 @@ def profile_env(profile: Profile) -> dict[str, str]:
         log.warning("profile.runtime_observed", profile=profile.name,
                     effect="imports and builtins are not restricted at run time")  # fmt: skip
     return {PROFILE_ENV: json.dumps(spec, sort_keys=True, separators=(",", ":"))}
+
+
+def load_profile_set(directory: str | os.PathLike[str] | None) -> ProfileSet:
+    """The shipped profiles and ``directory``'s, each read and resolved on its own: a file that
+    cannot be read or resolved disables its profile only (and those extending it), with one
+    ``profile.disabled`` warning naming the file and the fix; the manager and the service call
+    it when they start. A risky import gets one ``profile.risky_import_allowed`` warning.
+    Raises :class:`~harombe.errors.ConfigError` only for a broken shipped profile."""
+    remember_host_path("<profiles directory>", directory)
+    documents, problems = read_profile_files(directory)
+    where = None if directory is None else os.fspath(directory)
+    found = assemble(documents, problems, directory=where, shipped=shipped_names())
+    for problem in found.problems:
+        log.warning("profile.disabled", profile=problem.profile, file=problem.path,
+                    error=problem.message)  # fmt: skip
+    for profile in found.profiles.values():
+        for warning in import_warnings(profile):
+            log.warning("profile.risky_import_allowed", profile=profile.name, warning=warning)
+    return found

@@ -12,10 +12,12 @@ Analyzers recurse where one language hands code to another (``bash -c``, ``pytho
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import posixpath
 from dataclasses import dataclass
 
-__all__ = ["Finding", "analyze_code", "language_for_path", "normalize_path"]
+__all__ = ["Finding", "analyze_code", "cut", "fingerprint", "language_for_path", "normalize_path"]
 
 #: Nesting depth beyond which code handed to another interpreter is not followed any further;
 #: deeper nesting is itself reported, because nothing benign needs it.
@@ -23,6 +25,21 @@ MAX_DEPTH = 4
 #: Code longer than this is not analyzed (reading 10 MB takes seconds): it is itself a finding,
 #: since nothing an agent sends in one call needs to be larger.
 MAX_CODE_CHARS = 1_000_000
+#: Constructs that stand for code the analyzer did not read. Their detail ends with the code's
+#: fingerprint, so an "approve for this sandbox" grant (keyed on the detail) covers that exact
+#: code only, never other code the same words would describe.
+OPAQUE = frozenset({"nesting", "unanalyzable", "unparseable", "unknown-language"})
+
+
+def fingerprint(text: str) -> str:
+    """16 hex digits of the SHA-256 of ``text``: tells two texts apart in a finding's detail."""
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters; else its start and the fingerprint of
+    the whole, so two long texts with the same start remain two findings."""
+    return text if len(text) <= limit else f"{text[:limit]}… [sha256 {fingerprint(text)}]"
 
 
 @dataclass(frozen=True)
@@ -44,7 +61,20 @@ def analyze_code(language: str, code: str, *, depth: int = 0) -> list[Finding]:
     An unknown language is judged conservatively: one ``unknown-language`` finding. So is code
     longer than :data:`MAX_CODE_CHARS`, or nested too deeply for the analyzer to walk
     (``((((…))))`` 10,000 deep): never an exception, never a pass.
+    A finding of :data:`OPAQUE` code names the code's fingerprint.
     """
+    findings = _analyze(language, code, depth)
+    if depth:
+        return findings  # the outermost call pins them to the code it was given
+    return [
+        dataclasses.replace(f, detail=f"{f.detail} [code sha256 {fingerprint(code)}]")
+        if f.construct in OPAQUE
+        else f
+        for f in findings
+    ]
+
+
+def _analyze(language: str, code: str, depth: int) -> list[Finding]:
     if depth > MAX_DEPTH:
         return [Finding("nesting", f"code nested more than {MAX_DEPTH} interpreters deep")]
     # Imported here: each analyzer module imports this one for Finding.

@@ -10,6 +10,7 @@ from __future__ import annotations
 from harombe.security.policy.code_risk import (
     Finding,
     analyze_code,
+    cut,
     language_for_path,
     normalize_path,
 )
@@ -44,9 +45,9 @@ def _spec_danger(spec: str) -> str | None:
     """Why loading the specifier ``spec`` runs something other than a module on disk."""
     lower = spec.lower()
     if lower.startswith("data:") and ("javascript" in lower or "ecmascript" in lower):
-        return f"{spec[:40]!r} is a data: URL, so its code is a string"
+        return f"{cut(spec, 40)!r} is a data: URL, so its code is a string"
     if lower.startswith(("http://", "https://")):
-        return f"{spec[:60]!r} is remote code"
+        return f"{cut(spec, 60)!r} is remote code"
     if lower.endswith(".node"):
         return f"{spec!r} is a native addon"
     return None
@@ -377,7 +378,7 @@ class _Scan:
             # However it reaches a loader (a variable, .call, an object), the name is the tell.
             self.add(tok, "import", f"names the module {tok.value}: {DANGEROUS_MODULES[module]}")
         elif (why := _spec_danger(tok.value)) and "data:" in why:
-            self.add(tok, "eval", f"a data: URL holds code as a string: {tok.value[:40]!r}")
+            self.add(tok, "eval", f"a data: URL holds code as a string: {cut(tok.value, 40)!r}")
         elif tok.value in TELLTALE_STRINGS:
             self.add(tok, "escape", f"the string {tok.value!r} names a way to run code")
         elif not (prev.value == "+" and at(i - 2).kind == "str"):

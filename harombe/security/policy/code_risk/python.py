@@ -19,7 +19,7 @@ from __future__ import annotations
 import ast
 import re
 
-from harombe.security.policy.code_risk import Finding
+from harombe.security.policy.code_risk import Finding, cut
 from harombe.security.policy.code_risk.python_names import (
     DYNAMIC_BUILTINS,
     ESCAPE_ATTRIBUTES,
@@ -271,8 +271,7 @@ class _Analyzer:
 
 def _source(node: ast.AST) -> str:
     """Short source text of an expression, for naming it in a finding."""
-    text = ast.unparse(node)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return cut(ast.unparse(node), 60)
 
 
 def analyze(code: str, *, depth: int = 0) -> list[Finding]:
