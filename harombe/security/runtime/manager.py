@@ -74,7 +74,10 @@ class SandboxManager(PoolMixin):
     ``config`` is a :class:`~harombe.config.HarombeConfig`; without one, the manager uses
     :func:`~harombe.config.load_config` — built-in defaults, then the file named by
     ``$HAROMBE_CONFIG`` if set, then ``HAROMBE__…`` variables — and logs which file it read.
-    The keyword limits override its ``security.sandbox`` values."""
+    The keyword limits override its ``security.sandbox`` values. With ``lazy_pool``, a warm
+    pool (a language's, an environment's) fills only from its second claim on, or when asked
+    (:meth:`prewarm`, :meth:`prepare_environment`, ``pool.prewarm``): for processes that may
+    make a single sandbox, which then start no other."""
 
     def __init__(
         self,
@@ -89,6 +92,7 @@ class SandboxManager(PoolMixin):
         allow_insecure_runtime: bool | None = None,
         config: HarombeConfig | None = None,
         egress_resolver: Resolver | None = None,
+        lazy_pool: bool = False,
     ) -> None:
         if config is not None and not isinstance(config, HarombeConfig):
             raise UsageError(
@@ -130,6 +134,7 @@ class SandboxManager(PoolMixin):
             manager_id=self.manager_id, environments_dir=self.installs.environments_dir,
         )  # fmt: skip
         self.environments = Environments(self.installs, self.runs, cfg.environments)
+        self.lazy_pool = lazy_pool
         self.pool = self._new_pool()
 
     @property
