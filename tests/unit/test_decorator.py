@@ -38,10 +38,10 @@ from harombe.testing import (
     FakeGuest,
     RunOutcome,
     ScriptedApprover,
-    capture_events,
     code_of,
     echo_handler,
 )
+from tests.unit.fake_manager import started_sandboxes
 
 BAD_OPTIONS = {
     "network-true": ({"allow_network": True}, InvalidArgumentError, "list the domains"),
@@ -245,13 +245,13 @@ def test_one_call_starts_one_sandbox_and_a_second_starts_the_pools(
         return asyncio.run(double(x)) if form == "async" else double(x)
 
     runner = decorator.runner()
-    with capture_events() as events:
-        assert call(21) == 42
-        runner.call(runner.settled())
-        assert [e["pooled"] for e in events if e["event"] == "sandbox.created"] == [False]
-        assert docker.containers == {}  # removed after its call; nothing else was made
-        assert call(4) == 8
-        runner.call(runner.settled())
+    started = started_sandboxes(docker)
+    assert call(21) == 42
+    runner.call(runner.settled())
+    assert list(started.values()) == [False]  # one sandbox, booted for the call
+    assert docker.containers == {}  # removed after its call; nothing else was made
+    assert call(4) == 8
+    runner.call(runner.settled())
     assert len(docker.containers) == 1 + 2  # now: the warm pool and the prepared ones
 
 
