@@ -6,13 +6,21 @@ none. So every ``@sandbox`` call, sync or async, runs on one private loop in a d
 :class:`~harombe.security.docker_manager.DockerManager` and one
 :class:`~harombe.security.sandbox_manager.SandboxManager` per distinct ``(memory_mb, cpus)``
 and install cache on or off, each with its own warm pool (the manager's limits are its own),
-started on first use and prewarmed. On top of each manager's pool the runner keeps
-:data:`READY_SIZE` *prepared* sandboxes: claimed from the pool, with cloudpickle written
-and imported (see :mod:`harombe.decorator_wire`), having run nothing else; a call takes one
+started on first use. On top of each manager's pool the runner keeps :data:`READY_SIZE`
+*prepared* sandboxes per dependency set: claimed from the pool, with cloudpickle written and
+imported (see :mod:`harombe.decorator_wire`), having run nothing else; a call takes one
 (refilled in the background) and it is removed after that one call. Sandboxes with network
-are made per call. A synchronous caller blocks on a future of that loop, so calling a
-decorated function from inside a running event loop (Jupyter, an ``async def``) does not
-deadlock; an asynchronous caller awaits the same future from its own loop.
+are made per call.
+
+Nothing is made ahead of need until a second call asks for the same kind of sandbox: the
+first call boots its own sandbox, and the managers' pools are lazy (see
+:class:`~harombe.security.runtime.pool.WarmPool`), so a script that makes one call starts
+one sandbox and has no refill to wait for at exit. A process cannot know whether more calls
+will come; the second one says so, and from the third on calls find prepared sandboxes.
+
+A synchronous caller blocks on a future of that loop, so calling a decorated function from
+inside a running event loop (Jupyter, an ``async def``) does not deadlock; an asynchronous
+caller awaits the same future from its own loop.
 
 At interpreter exit every manager is stopped, so no container outlives the process. This runs
 among ``threading``'s exit hooks, registered after the thread pool of the Docker backend was
@@ -84,6 +92,7 @@ class Runner:
         self._background: set[asyncio.Task[None]] = set()
         # By manager and dependency set (an environment, from its own pool): id, when prepared.
         self._ready: dict[ReadyKey, list[tuple[str, float]]] = {}
+        self._claims: dict[ReadyKey, int] = {}  # calls so far: the second starts the refills
         self._fills: dict[ReadyKey, asyncio.Task[None]] = {}
         self._docker_lock = asyncio.Lock()
         self._closed = False
@@ -177,12 +186,9 @@ class Runner:
             if not install_cache:
                 config = (config or load_config()).model_copy(deep=True)
                 config.security.sandbox.install_cache.enabled = False
-            manager = SandboxManager(
-                self._docker, max_memory_mb=memory_mb, max_cpu_cores=cpus, config=config
-            )
+            manager = SandboxManager(self._docker, max_memory_mb=memory_mb, max_cpu_cores=cpus,
+                                     config=config, lazy_pool=True)  # fmt: skip
             await manager.start()
-            manager.prewarm("python")
-            self._refill((manager, ()))
         except InfrastructureError as err:
             raise SandboxStartupError(
                 f"cannot start sandboxes for @sandbox functions: {err}"
@@ -205,6 +211,7 @@ class Runner:
             return await self._prepared(manager, allowed_domains, deps)
         key = (manager, deps)
         ready = self._ready.setdefault(key, [])
+        self._claims[key] = claims = self._claims.get(key, 0) + 1
         max_age_s = manager.sandbox_config.pool.max_age_s
         try:
             while ready:
@@ -214,11 +221,16 @@ class Runner:
                 self.discard(manager, {sandbox_id})
             return await self._prepared(manager, (), deps)
         finally:
-            self._refill(key)
+            if claims > 1:  # a one-call process prepares nothing it will not use
+                self._refill(key)
 
     async def _prepared(
         self, manager: SandboxManager, allowed_domains: Sequence[str], deps: tuple[str, ...]
     ) -> str:
+        # The library is made (once per process) while the sandbox boots; a failure of its
+        # own is raised below, never left unretrieved when the boot fails first.
+        library = asyncio.ensure_future(asyncio.to_thread(library_zip))
+        library.add_done_callback(lambda done: done.cancelled() or done.exception())
         try:
             box = await manager.create_sandbox(
                 "python", network_enabled=bool(allowed_domains),
@@ -231,7 +243,7 @@ class Runner:
         except InfrastructureError as err:
             raise SandboxStartupError(f"no sandbox for a @sandbox function: {err}") from err
         try:
-            await manager.write_file(box.sandbox_id, LIBRARY_PATH, library_zip())
+            await manager.write_file(box.sandbox_id, LIBRARY_PATH, await library)
             done = await manager.execute(box.sandbox_id, WARMUP_CODE, timeout_s=WARMUP_TIMEOUT_S)
         except BaseException:
             self.discard(manager, {box.sandbox_id})
@@ -275,21 +287,25 @@ class Runner:
 
     @staticmethod
     async def _destroy(manager: SandboxManager, sandbox_ids: set[str]) -> None:
-        for sandbox_id in sandbox_ids:
-            if sandbox_id in manager.sandboxes:
-                await settle(manager.destroy_sandbox(sandbox_id))
+        live = [sandbox_id for sandbox_id in sandbox_ids if sandbox_id in manager.sandboxes]
+        await asyncio.gather(*(settle(manager.destroy_sandbox(sid)) for sid in live))
 
     async def _stop_all(self) -> None:
         for fill in self._fills.values():
             fill.cancel()
         await asyncio.gather(*self._fills.values(), *self._background, return_exceptions=True)
         self._ready.clear()
-        for task in list(self._managers.values()):
+        tasks = list(self._managers.values())
+        for task in tasks:
             if not task.done():
                 task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if not task.cancelled() and task.exception() is None:
-                await settle(task.result().stop())
+        await asyncio.gather(*tasks, return_exceptions=True)
+        started = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
+        # Side by side: each manager's removals are Docker's work, not this loop's.
+        stops = await asyncio.gather(*(settle(manager.stop()) for manager in started),
+                                     return_exceptions=True)  # fmt: skip
+        for failed in (stop for stop in stops if isinstance(stop, Exception)):
+            log.warning("sandbox_decorator.stop_failed", error=str(failed))
         self._managers.clear()
         if self._docker is not None and self._docker.started:
             await settle(self._docker.stop())

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from harombe.config import HarombeConfig, parse_config
-from harombe.security.runtime.sandbox import LABEL_SANDBOX
+from harombe.security.runtime.sandbox import LABEL_POOLED, LABEL_SANDBOX
 from harombe.security.sandbox_manager import SandboxManager
 from harombe.testing import FakeDocker, RunOutcome, code_of, echo_handler
 
@@ -40,6 +40,21 @@ def container_of(docker: FakeDocker, sandbox_id: str) -> str | None:
     """The id of the fake container of ``sandbox_id``, None once it is gone."""
     found = docker.labelled({LABEL_SANDBOX: sandbox_id})
     return found[0].id if found else None
+
+
+def started_sandboxes(docker: FakeDocker) -> dict[str, bool]:
+    """From now on, each sandbox the fake Docker is asked to create: whether it was pooled
+    (a container made again after a CPU-quota fallback counts once)."""
+    started: dict[str, bool] = {}
+    create = docker.create_container
+
+    async def recording(**spec: Any) -> str:
+        labels = spec.get("labels") or {}
+        started[labels[LABEL_SANDBOX]] = labels.get(LABEL_POOLED) == "1"
+        return await create(**spec)
+
+    docker.create_container = recording  # type: ignore[method-assign]
+    return started
 
 
 class Hold:

@@ -41,6 +41,7 @@ from harombe.testing import (
     code_of,
     echo_handler,
 )
+from tests.unit.fake_manager import started_sandboxes
 
 BAD_OPTIONS = {
     "network-true": ({"allow_network": True}, InvalidArgumentError, "list the domains"),
@@ -229,6 +230,29 @@ def test_sync_calls_return_values_each_in_its_own_sandbox(
     live_guests = {id(c.guest) for c in docker.containers.values()}
     assert not live_guests & set(map(id, guests.ran))  # each call's sandbox was removed
     assert len(docker.containers) == 1 + 2  # what is left: the warm pool and the ready ones
+
+
+@pytest.mark.parametrize("form", ["sync", "async"])
+def test_one_call_starts_one_sandbox_and_a_second_starts_the_pools(
+    fake: tuple[FakeRunnerGuest, FakeDocker], form: str
+) -> None:
+    """The first call boots its own sandbox and nothing else (no pool, no prepared ones to
+    wait for); the second call still answers, and starts the warm pool and prepared ones."""
+    _, docker = fake
+    double = (decorator.sandbox_async if form == "async" else decorator.sandbox)()(lambda x: 2 * x)
+
+    def call(x: int) -> Any:
+        return asyncio.run(double(x)) if form == "async" else double(x)
+
+    runner = decorator.runner()
+    started = started_sandboxes(docker)
+    assert call(21) == 42
+    runner.call(runner.settled())
+    assert list(started.values()) == [False]  # one sandbox, booted for the call
+    assert docker.containers == {}  # removed after its call; nothing else was made
+    assert call(4) == 8
+    runner.call(runner.settled())
+    assert len(docker.containers) == 1 + 2  # now: the warm pool and the prepared ones
 
 
 async def test_async_calls_are_awaited_from_the_callers_loop(

@@ -10,8 +10,9 @@ import pytest
 from harombe.errors import DockerUnavailableError
 from harombe.security.runtime import launcher as launcher_module
 from harombe.security.runtime.sandbox import LABEL_POOLED
-from harombe.testing import capture_events
-from tests.unit.fake_manager import container_of, running
+from harombe.security.sandbox_manager import SandboxManager
+from harombe.testing import FakeDocker, capture_events
+from tests.unit.fake_manager import config, container_of, running, started_sandboxes
 
 POOL = {"pool": {"size": 2, "prewarm": ["python"]}}
 
@@ -114,3 +115,35 @@ async def test_a_failed_refill_falls_back_to_cold_starts() -> None:
         ]
         box = await manager.create_sandbox("python")
         assert (await manager.execute(box.sandbox_id, "print(1)")).stdout == "1\n"
+
+
+@pytest.mark.parametrize("prewarm", [False, True], ids=["claims-only", "prewarm-asks"])
+async def test_a_lazy_pool_fills_from_a_keys_second_claim(prewarm: bool) -> None:
+    """A lazy pool starts nothing for a key's first claim, fills from its second; prewarm()
+    fills it at once."""
+    docker = FakeDocker()
+    await docker.start()
+    started = started_sandboxes(docker)
+    manager = SandboxManager(docker, config=config(pool={"size": 2}), lazy_pool=True)
+    await manager.start()
+    key = manager.pool_key("python")
+    try:
+        if prewarm:
+            manager.prewarm("python")
+            await manager.wait_pool_settled()
+            assert len(manager.pool.ready(key)) == 2
+            return
+        first = await manager.create_sandbox("python")
+        await manager.wait_pool_settled()
+        assert list(started.values()) == [False] and manager.pool.ready(key) == []
+        await manager.destroy_sandbox(first.sandbox_id)
+        second = await manager.create_sandbox("python")  # cold: the pool was empty
+        await manager.wait_pool_settled()
+        assert len(manager.pool.ready(key)) == 2 and second.sandbox_id in manager.sandboxes
+        third = await manager.create_sandbox("python")
+        assert third.sandbox_id not in manager.pool.ready(key)
+        await manager.wait_pool_settled()
+        assert sorted(started.values()) == [False, False, True, True, True]  # 2 cold, 3 pooled
+    finally:
+        await manager.stop()
+    assert docker.containers == {}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -20,13 +19,11 @@ from typing import Any
 import structlog
 
 from harombe.config import (
-    CONFIG_PATH_ENV,
     LANGUAGES,
     HarombeConfig,
     Language,
     Limits,
     SandboxConfig,
-    load_config,
     override,
 )
 from harombe.errors import (
@@ -50,7 +47,7 @@ from harombe.security.runtime.installs import Installs
 from harombe.security.runtime.launcher import Launcher
 from harombe.security.runtime.manager_pools import PoolMixin
 from harombe.security.runtime.network import SandboxNetworks
-from harombe.security.runtime.preflight import check_runtimes
+from harombe.security.runtime.preflight import check_runtimes, given_config
 from harombe.security.runtime.profiled import cap_timeout, load_profile_set
 from harombe.security.runtime.results import lost_result
 from harombe.security.runtime.runs import Runs, effective_timeout
@@ -77,7 +74,10 @@ class SandboxManager(PoolMixin):
     ``config`` is a :class:`~harombe.config.HarombeConfig`; without one, the manager uses
     :func:`~harombe.config.load_config` — built-in defaults, then the file named by
     ``$HAROMBE_CONFIG`` if set, then ``HAROMBE__…`` variables — and logs which file it read.
-    The keyword limits override its ``security.sandbox`` values."""
+    The keyword limits override its ``security.sandbox`` values. With ``lazy_pool``, a warm
+    pool (a language's, an environment's) fills only from its second claim on, or when asked
+    (:meth:`prewarm`, :meth:`prepare_environment`, ``pool.prewarm``): for processes that may
+    make a single sandbox, which then start no other."""
 
     def __init__(
         self,
@@ -92,18 +92,11 @@ class SandboxManager(PoolMixin):
         allow_insecure_runtime: bool | None = None,
         config: HarombeConfig | None = None,
         egress_resolver: Resolver | None = None,
+        lazy_pool: bool = False,
     ) -> None:
-        if config is not None and not isinstance(config, HarombeConfig):
-            raise UsageError(
-                f"config must be a harombe.config.HarombeConfig, got {type(config).__name__}; "
-                "build one with harombe.config.load_config(path) or parse_config(mapping)"
-            )
-        if config is None:
-            config = load_config()
-            log.info("sandbox_manager.config_loaded", path=os.environ.get(CONFIG_PATH_ENV))
         self.docker = docker_manager
         self.config = override(
-            config, runtime=runtime, max_memory_mb=max_memory_mb,
+            given_config(config), runtime=runtime, max_memory_mb=max_memory_mb,
             max_cpu_cores=max_cpu_cores, max_disk_mb=max_disk_mb,
             max_execution_time=max_execution_time, max_output_bytes=max_output_bytes,
             allow_insecure_runtime=allow_insecure_runtime,
@@ -138,6 +131,7 @@ class SandboxManager(PoolMixin):
         self.environments = Environments(self.installs, self.runs, cfg.environments)
         if self.installs.store is not None:  # errors a caller sees never name it
             remember_host_path("<install cache>", self.installs.store.directory)
+        self.lazy_pool = lazy_pool
         self.pool = self._new_pool()
 
     @property

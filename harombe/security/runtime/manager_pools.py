@@ -29,6 +29,7 @@ class PoolMixin:
     installs: Installs
     launcher: Launcher
     pool: WarmPool
+    lazy_pool: bool
     _profiles: dict[str, Profile]
     _started: bool
 
@@ -60,8 +61,8 @@ class PoolMixin:
         # environment's key for the pools of environments.
         # A closure over collaborators, never a method of the manager: a call travels one way.
         launch = pooled_launch(launcher, self.environments, self._profiles)
-        return WarmPool(launch, launcher.discard, size=pool.size,
-                        max_age_s=pool.max_age_s, probe=launcher.answers)  # fmt: skip
+        return WarmPool(launch, launcher.discard, size=pool.size, max_age_s=pool.max_age_s,
+                        probe=launcher.answers, lazy=self.lazy_pool)  # fmt: skip
 
     def pool_key(self, language: Language, profile: Profile | None = None) -> tuple[str, ...]:
         """The warm-pool key of ``language``'s sandboxes: language, image, runtime, limits and

@@ -14,6 +14,10 @@ claim then tries the next, and returns None when none is left (the caller cold-s
 
 Pooled containers carry the same labels as every other sandbox (plus ``harombe.pooled``), so
 ``SandboxManager.stop()`` and the orphan sweep remove them like the rest.
+
+A *lazy* pool (``lazy=True``) starts a key's refills only at that key's second claim (or when
+:meth:`WarmPool.fill` is called): a process that asks for one sandbox starts exactly one, and
+one that keeps asking has a warm pool from its third sandbox on.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class WarmPool:
         size: int,
         max_age_s: float,
         probe: Probe = _always_alive,
+        lazy: bool = False,
     ) -> None:
         self._launch = launch
         self._discard = discard
@@ -59,6 +64,8 @@ class WarmPool:
         self.size = size
         self.sizes: dict[Hashable, int] = {}  # keys whose pool is not ``size`` (environments)
         self.max_age_s = max_age_s
+        self.lazy = lazy
+        self._claims: dict[Hashable, int] = {}  # by key: claims so far (a lazy pool's trigger)
         self._ready: dict[Hashable, deque[Sandbox]] = {}
         self._refills: dict[Hashable, asyncio.Task[None]] = {}
         self._background = Background()
@@ -81,11 +88,13 @@ class WarmPool:
         return [box.sandbox_id for boxes in self._ready.values() for box in boxes]
 
     async def claim(self, key: Hashable) -> Sandbox | None:
-        """A ready, live sandbox for ``key`` (removed from the pool), or None; starts a refill.
+        """A ready, live sandbox for ``key`` (removed from the pool), or None; starts a refill
+        (in a lazy pool, from the key's second claim on).
 
         Candidates that are too old, were used, or do not answer are retired on the way."""
         if self.size_of(key) <= 0 or self._closed:
             return None
+        self._claims[key] = claims = self._claims.get(key, 0) + 1
         queue = self._ready.setdefault(key, deque())
         box = None
         try:
@@ -104,7 +113,8 @@ class WarmPool:
                 else:
                     self._retire(candidate, "dead")
         finally:
-            self.fill(key)
+            if claims > 1 or not self.lazy:
+                self.fill(key)
         return box
 
     def fill(self, key: Hashable) -> None:

@@ -1,17 +1,33 @@
-"""Checks before a manager starts: the runtimes are gVisor (unless the user opted out) and
-Docker knows them."""
+"""Checks before a manager starts: its configuration is one, the runtimes are gVisor (unless
+the user opted out) and Docker knows them."""
 
 from __future__ import annotations
 
+import os
+
 import structlog
 
-from harombe.config import SandboxConfig
-from harombe.errors import InsecureRuntimeError, RuntimeNotAvailableError
+from harombe.config import CONFIG_PATH_ENV, HarombeConfig, SandboxConfig, load_config
+from harombe.errors import InsecureRuntimeError, RuntimeNotAvailableError, UsageError
 from harombe.security.runtime.backend import DockerBackend
 
 log = structlog.get_logger(__name__)
 
 GVISOR_RUNTIMES = ("runsc", "runsc-net")
+
+
+def given_config(config: object) -> HarombeConfig:
+    """``config`` when it is a :class:`HarombeConfig`; ``None``: the file and environment's
+    configuration (:func:`~harombe.config.load_config`); anything else a :class:`UsageError`."""
+    if config is not None and not isinstance(config, HarombeConfig):
+        raise UsageError(
+            f"config must be a harombe.config.HarombeConfig, got {type(config).__name__}; "
+            "build one with harombe.config.load_config(path) or parse_config(mapping)"
+        )
+    if config is None:
+        config = load_config()
+        log.info("sandbox_manager.config_loaded", path=os.environ.get(CONFIG_PATH_ENV))
+    return config
 
 
 def check_gvisor(cfg: SandboxConfig) -> None:
