@@ -34,7 +34,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 def configure_logs(verbose: bool) -> None:
     """Only warnings (all events with -v) on stderr, so output reads cleanly;
-    ``HAROMBE_LOG_LEVEL`` and ``HAROMBE_LOG_JSON`` still apply."""
+    ``HAROMBE_LOG_LEVEL`` sets that level. ``HAROMBE_LOG_JSON``'s file gets every event at
+    info and above whatever the console shows (debug too with -v)."""
     level = "debug" if verbose else os.environ.get(logs.LEVEL_ENV) or "warning"
     logs.configure(level=level)
 
