@@ -50,8 +50,11 @@ def start_command(ctx: click.Context) -> None:
 
 
 def say_error(command: str, error: object, code: int = EXIT_ERROR) -> int:
-    """Print ``<command>: <error>`` on stderr; returns ``code`` (for ``return say_error(...)``)."""
-    click.echo(f"{command}: {error}", err=True)
+    """Print ``<command>: <error>`` on stderr, control and invisible characters escaped (an
+    error may quote what a sandbox chose); returns ``code`` (for ``return say_error(...)``)."""
+    from harombe.cli.screen import printable
+
+    click.echo(f"{command}: {printable(str(error))}", err=True)
     return code
 
 
