@@ -51,6 +51,10 @@ EXIT_STATUS_WAIT_S = 5.0
 EXIT_STATUS_POLL_S = 0.05
 #: How often the sandbox's container is checked during a session (a stream can outlive it).
 WATCH_POLL_S = 0.5
+#: The exit status of a program killed (SIGKILL), as a container's removal kills its exec; and
+#: how long the container then has to show that it is going.
+KILLED_STATUS = 128 + 9
+LOST_GRACE_S = 3.0
 #: The exit code of a session whose sandbox was lost (as every command's harombe error).
 EXIT_SANDBOX_LOST = EXIT_ERROR
 
@@ -150,6 +154,12 @@ async def session(
     if (reason := await lost_reason(docker, container_id, name)) is not None:
         return _say_lost(reason, stdout_fd)
     status = await exit_status(terminal)
+    if status in (None, KILLED_STATUS):  # a removal may not show in the container's state yet
+        try:
+            async with asyncio.timeout(LOST_GRACE_S):
+                return _say_lost(await watch_sandbox(docker, container_id, name), stdout_fd)
+        except TimeoutError:
+            pass  # the sandbox lives on: the program was killed, or its stream was lost
     if status is None:
         return say_error(NAME, "the terminal's connection ended while the program still ran")
     return status
