@@ -13,7 +13,8 @@ and prints nothing:
   whatever stderr's level: audit events (``tool.called``, ``hitl.decided``, ``egress.*``,
   ``sandbox.*``) are info. Debug events, the only ones that carry code or file contents
   (``tool.params``), are written only when the level asked for is debug;
-* loggers outside harombe keep structlog's built-in behaviour.
+* loggers outside harombe keep structlog's built-in behaviour, unless harombe's configuration
+  is asked for (below), which then applies to every logger.
 
 This happens only if structlog has not been configured yet, so a program's own
 ``structlog.configure(...)`` is left alone (and one made after importing harombe replaces
@@ -174,6 +175,10 @@ def is_harombes(name: object) -> bool:
     return isinstance(name, str) and (name == "harombe" or name.startswith("harombe."))
 
 
+def _stderr_factory(*args: Any) -> _Stderr:
+    return _Stderr()
+
+
 def _logger_factory(*args: Any) -> Any:
     if args and is_harombes(args[0]):
         return _Stderr()
@@ -241,8 +246,8 @@ def configure(
     json_file: str | os.PathLike[str] | None = None,
     stderr: bool = True,
 ) -> None:
-    """Configure structlog for harombe's events (replacing any configuration); loggers
-    outside harombe get structlog's built-in behaviour.
+    """Configure structlog for harombe's events, and every other logger's (replacing any
+    configuration).
 
     ``level``: what stderr shows, debug, info, warning or error (default:
     ``$HAROMBE_LOG_LEVEL``, else warning). ``json_file``: also append every event at info and
@@ -250,6 +255,15 @@ def configure(
     ``level`` is debug (default: ``$HAROMBE_LOG_JSON``, else none). ``stderr=False`` keeps
     only the JSON file. Raises :class:`ConfigError` for an unknown level or a file that
     cannot be opened (the configuration is then left as it was)."""
+    _configure(level=level, json_file=json_file, stderr=stderr, every_logger=True)
+
+
+def _configure(
+    *, level: str | None, json_file: str | os.PathLike[str] | None, stderr: bool,
+    every_logger: bool,
+) -> None:  # fmt: skip
+    """:func:`configure`; unless ``every_logger``, only for harombe's loggers, the others
+    keeping structlog's built-in behaviour."""
     global _json_sink
     console_level = _level(level, LIBRARY_LEVEL)
     target = os.environ.get(JSON_ENV) if json_file is None else json_file
@@ -271,10 +285,10 @@ def configure(
     else:
         ours.append(_drop)
     structlog.configure(
-        processors=[_Route(ours)],
-        # Levels are filtered per chain (harombe's, or the built-in one, which shows all).
+        processors=ours if every_logger else [_Route(ours)],
+        # Levels are filtered by the processors: the JSON file and stderr have their own.
         wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
-        logger_factory=_logger_factory,
+        logger_factory=_stderr_factory if every_logger else _logger_factory,
         cache_logger_on_first_use=False,
     )
     if _json_sink is not None:
@@ -287,7 +301,9 @@ def ensure_configured() -> None:
     variable asks for them; called when harombe is imported. Prints nothing unless a
     variable is refused (that is said as a ``logs.config_refused`` warning)."""
     asked = bool(os.environ.get(JSON_ENV) or os.environ.get(LEVEL_ENV))
-    if not asked and structlog.is_configured():
+    if not asked:
+        if not structlog.is_configured():
+            _configure(level=None, json_file=None, stderr=True, every_logger=False)
         return
     try:
         configure()

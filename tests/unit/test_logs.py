@@ -95,13 +95,16 @@ def test_the_json_file_holds_every_audit_event_whatever_stderr_shows(
     assert ("tool.called" in out.stderr) is (level in ("info", "debug"))
 
 
-def test_other_loggers_keep_structlogs_own_behaviour() -> None:
-    """A program's own (unconfigured) structlog loggers print as structlog's defaults do."""
+def test_other_loggers_keep_structlogs_own_behaviour_unless_asked() -> None:
+    """A program's own (unconfigured) structlog loggers print as structlog's defaults do;
+    asking for harombe's configuration applies it to them too."""
     mine = "import structlog\nstructlog.get_logger('myapp').info('mine.done', n=1)\n"
     alone = run(mine)
     after = run("import harombe\n" + mine)
     assert "mine.done" in alone.stdout and "mine.done" in after.stdout
     assert after.stderr == alone.stderr == ""
+    asked = run("import harombe\n" + mine, HAROMBE_LOG_LEVEL="info")
+    assert asked.stdout == "" and "mine.done" in asked.stderr
 
 
 def test_a_users_own_configuration_is_left_alone() -> None:
