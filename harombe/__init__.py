@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING
 
 from harombe import logs as _logs
 
-_logs.ensure_configured()  # events to stderr at info, unless structlog is configured already
+# harombe's loggers to stderr at warning (silent), unless structlog is configured already;
+# HAROMBE_LOG_JSON / HAROMBE_LOG_LEVEL are applied either way. Prints nothing.
+_logs.ensure_configured()
 
 #: Public names imported on first use (``harombe.run_sandboxed``): ``import harombe`` stays light.
 _LAZY = {

@@ -1,15 +1,20 @@
 """Where harombe's structured log events go.
 
-Out of the box (structlog's own default prints every event, debug included, to *stdout*),
-importing harombe configures structlog so that:
+Out of the box structlog prints every event, debug included, to *stdout*. Importing harombe
+therefore gives harombe's own loggers (those named ``harombe…``) a configuration of theirs,
+and prints nothing:
 
 * events go to **stderr**, one line each, never into a program's stdout;
-* the level is **info**: audit events (``tool.called``, ``hitl.decided``, ``egress.*``,
-  ``sandbox.*``) are shown, and nothing that carries code or file contents is, because those
-  are logged at debug level only (``tool.params``);
-* ``HAROMBE_LOG_LEVEL=debug|info|warning|error`` changes the level;
-* ``HAROMBE_LOG_JSON=/path/audit.jsonl`` also appends every event as one JSON object per line
-  to that file (with ``timestamp`` in UTC ISO 8601 and ``level``).
+* stderr shows **warnings** and errors only, so a program using harombe stays quiet;
+  ``HAROMBE_LOG_LEVEL=debug|info|warning|error`` (or :func:`configure`, or the CLI's ``-v``)
+  changes that level;
+* ``HAROMBE_LOG_JSON=/path/audit.jsonl`` appends every event at **info** and above to that
+  file as one JSON object per line (with ``timestamp`` in UTC ISO 8601 and ``level``),
+  whatever stderr's level: audit events (``tool.called``, ``hitl.decided``, ``egress.*``,
+  ``sandbox.*``) are info. Debug events, the only ones that carry code or file contents
+  (``tool.params``), are written only when the level asked for is debug;
+* loggers outside harombe keep structlog's built-in behaviour, unless harombe's configuration
+  is asked for (below), which then applies to every logger.
 
 This happens only if structlog has not been configured yet, so a program's own
 ``structlog.configure(...)`` is left alone (and one made after importing harombe replaces
@@ -47,6 +52,8 @@ LEVELS = {
     "warning": logging.WARNING,
     "error": logging.ERROR,
 }
+#: What stderr shows unless a level is asked for: a program using harombe stays quiet.
+LIBRARY_LEVEL = "warning"
 
 
 class JsonLinesFile:
@@ -151,7 +158,8 @@ def escape_for_console(
 
 
 class _Stderr:
-    """A structlog logger that writes to whatever ``sys.stderr`` is at the time of writing."""
+    """A structlog logger that writes to whatever ``sys.stderr`` is at the time of writing;
+    the logger of every harombe module."""
 
     def msg(self, message: str) -> None:
         stream = sys.stderr
@@ -162,8 +170,60 @@ class _Stderr:
     log = debug = info = warning = warn = error = critical = exception = fatal = msg
 
 
-def _stderr_factory(*_: Any) -> _Stderr:
+def is_harombes(name: object) -> bool:
+    """Whether a logger named ``name`` (``structlog.get_logger(__name__)``) is harombe's."""
+    return isinstance(name, str) and (name == "harombe" or name.startswith("harombe."))
+
+
+def _stderr_factory(*args: Any) -> _Stderr:
     return _Stderr()
+
+
+def _logger_factory(*args: Any) -> Any:
+    if args and is_harombes(args[0]):
+        return _Stderr()
+    return structlog.PrintLogger()  # structlog's own default: stdout
+
+
+#: The level of each logging method's events (``exception`` logs at error).
+_METHOD_LEVELS = {
+    "debug": logging.DEBUG, "info": logging.INFO, "msg": logging.INFO,
+    "warning": logging.WARNING, "warn": logging.WARNING, "error": logging.ERROR,
+    "exception": logging.ERROR, "critical": logging.CRITICAL, "fatal": logging.CRITICAL,
+}  # fmt: skip
+
+
+def _at_least(threshold: int) -> Any:
+    """A processor that drops events below ``threshold``."""
+
+    def keep(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        if _METHOD_LEVELS.get(method_name, logging.INFO) < threshold:
+            raise structlog.DropEvent
+        return event_dict
+
+    return keep
+
+
+class _Route:
+    """The one processor harombe configures: harombe's events (from a :class:`_Stderr`
+    logger) go through harombe's chain, everyone else's through structlog's built-in one."""
+
+    def __init__(self, ours: list[Any]) -> None:
+        self.ours = ours
+        self.theirs: list[Any] = [
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.StackInfoRenderer(),
+            structlog.dev.set_exc_info,
+            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(),
+        ]
+
+    def __call__(self, logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
+        result: Any = event_dict
+        for processor in self.ours if isinstance(logger, _Stderr) else self.theirs:
+            result = processor(logger, method_name, result)  # DropEvent: structlog drops it
+        return result
 
 
 def _drop(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -> Any:
@@ -173,38 +233,62 @@ def _drop(logger: Any, method_name: str, event_dict: MutableMapping[str, Any]) -
 _json_sink: JsonLinesFile | None = None
 
 
+def _level(name: str | None, default: str) -> int:
+    name = (name or os.environ.get(LEVEL_ENV) or default).lower()
+    if name not in LEVELS:
+        raise ConfigError(f"unknown log level {name!r}; use one of {', '.join(LEVELS)}")
+    return LEVELS[name]
+
+
 def configure(
     *,
     level: str | None = None,
     json_file: str | os.PathLike[str] | None = None,
     stderr: bool = True,
 ) -> None:
-    """Configure structlog for harombe's events (replacing any configuration).
+    """Configure structlog for harombe's events, and every other logger's (replacing any
+    configuration).
 
-    ``level``: debug, info, warning or error (default: ``$HAROMBE_LOG_LEVEL``, else info).
-    ``json_file``: also append every event to this file as JSON lines (default:
-    ``$HAROMBE_LOG_JSON``, else none). ``stderr=False`` keeps only the JSON file."""
+    ``level``: what stderr shows, debug, info, warning or error (default:
+    ``$HAROMBE_LOG_LEVEL``, else warning). ``json_file``: also append every event at info and
+    above to this file as JSON lines, whatever ``level`` is, and debug events too when
+    ``level`` is debug (default: ``$HAROMBE_LOG_JSON``, else none). ``stderr=False`` keeps
+    only the JSON file. Raises :class:`ConfigError` for an unknown level or a file that
+    cannot be opened (the configuration is then left as it was)."""
+    _configure(level=level, json_file=json_file, stderr=stderr, every_logger=True)
+
+
+def _configure(
+    *, level: str | None, json_file: str | os.PathLike[str] | None, stderr: bool,
+    every_logger: bool,
+) -> None:  # fmt: skip
+    """:func:`configure`; unless ``every_logger``, only for harombe's loggers, the others
+    keeping structlog's built-in behaviour."""
     global _json_sink
-    name = (level or os.environ.get(LEVEL_ENV) or "info").lower()
-    if name not in LEVELS:
-        raise ConfigError(f"unknown log level {name!r}; use one of {', '.join(LEVELS)}")
+    console_level = _level(level, LIBRARY_LEVEL)
     target = os.environ.get(JSON_ENV) if json_file is None else json_file
     sink = JsonLinesFile(target) if target else None
-    processors: list[Any] = [
+    json_level = min(console_level, logging.INFO)
+    lowest = json_level if sink is not None else console_level
+    ours: list[Any] = [
+        _at_least(lowest),
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if sink is not None:
-        processors.append(sink)
+        ours.append(sink)
     if stderr:
-        processors += [escape_for_console, structlog.dev.ConsoleRenderer(colors=False)]
+        if console_level > lowest:
+            ours.append(_at_least(console_level))
+        ours += [escape_for_console, structlog.dev.ConsoleRenderer(colors=False)]
     else:
-        processors.append(_drop)
+        ours.append(_drop)
     structlog.configure(
-        processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(LEVELS[name]),
-        logger_factory=_stderr_factory,
+        processors=ours if every_logger else [_Route(ours)],
+        # Levels are filtered by the processors: the JSON file and stderr have their own.
+        wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
+        logger_factory=_stderr_factory if every_logger else _logger_factory,
         cache_logger_on_first_use=False,
     )
     if _json_sink is not None:
@@ -214,13 +298,16 @@ def configure(
 
 def ensure_configured() -> None:
     """harombe's defaults, unless structlog is configured already and no ``HAROMBE_LOG_*``
-    variable asks for them; called when harombe is imported."""
+    variable asks for them; called when harombe is imported. Prints nothing unless a
+    variable is refused (that is said as a ``logs.config_refused`` warning)."""
     asked = bool(os.environ.get(JSON_ENV) or os.environ.get(LEVEL_ENV))
-    if not asked and structlog.is_configured():
+    if not asked:
+        if not structlog.is_configured():
+            _configure(level=None, json_file=None, stderr=True, every_logger=False)
         return
     try:
         configure()
     except ConfigError as exc:
         # A bad variable must not make `import harombe` fail; say so where logs go.
-        configure(level="info", json_file="")
+        configure(level=LIBRARY_LEVEL, json_file="")
         structlog.get_logger(__name__).warning("logs.config_refused", error=str(exc))

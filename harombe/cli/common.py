@@ -34,7 +34,8 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 def configure_logs(verbose: bool) -> None:
     """Only warnings (all events with -v) on stderr, so output reads cleanly;
-    ``HAROMBE_LOG_LEVEL`` and ``HAROMBE_LOG_JSON`` still apply."""
+    ``HAROMBE_LOG_LEVEL`` sets that level. ``HAROMBE_LOG_JSON``'s file gets every event at
+    info and above whatever the console shows (debug too with -v)."""
     level = "debug" if verbose else os.environ.get(logs.LEVEL_ENV) or "warning"
     logs.configure(level=level)
 
@@ -49,8 +50,11 @@ def start_command(ctx: click.Context) -> None:
 
 
 def say_error(command: str, error: object, code: int = EXIT_ERROR) -> int:
-    """Print ``<command>: <error>`` on stderr; returns ``code`` (for ``return say_error(...)``)."""
-    click.echo(f"{command}: {error}", err=True)
+    """Print ``<command>: <error>`` on stderr, control and invisible characters escaped (an
+    error may quote what a sandbox chose); returns ``code`` (for ``return say_error(...)``)."""
+    from harombe.cli.screen import printable
+
+    click.echo(f"{command}: {printable(str(error))}", err=True)
     return code
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from harombe.cli.common import EXIT_ERROR, started_manager
+from harombe.cli.screen import printable
 from harombe.config import HarombeConfig
 from harombe.errors import UsageError
 
@@ -40,14 +41,20 @@ async def run_mounted(
     return {**result, "mnt_changed": changed}
 
 
+def name(path: object) -> str:
+    """A path the program chose, for one line on a terminal: every control and invisible
+    character escaped, a newline included (:func:`harombe.cli.screen.printable`)."""
+    return printable(str(path), keep="")
+
+
 def mnt_report(result: Mapping[str, Any]) -> list[str]:
     """harombe's lines after a ``--mnt`` run: each change applied to the directory, each
     refused, and why nothing came back if so (none after a run without ``--mnt``)."""
-    lines = [f"mnt: {c['change']} {c['path']}" + ("/" if c["type"] == "directory" else "")
+    lines = [f"mnt: {c['change']} {name(c['path'])}" + ("/" if c["type"] == "directory" else "")
              for c in result.get("mnt_changed") or ()]  # fmt: skip
-    lines += [f"mnt: refused {r['path']}: {r['reason']}" for r in result.get("refused") or ()]
+    lines += [f"mnt: refused {name(r['path'])}: {r['reason']}" for r in result.get("refused") or ()]
     if result.get("mount_error"):
-        lines.append(f"mnt: {result['mount_error']}")
+        lines.append(f"mnt: {printable(str(result['mount_error']))}")
     return lines
 
 

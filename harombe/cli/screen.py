@@ -1,190 +1,261 @@
 """What a sandboxed program may do to the user's terminal: its output is untrusted bytes, and a
-terminal obeys control sequences in them (write the clipboard with OSC 52, set the title, move
-the cursor over earlier lines, start a string that swallows what harombe prints next).
+terminal obeys control sequences in them (write the clipboard with OSC 52 or OSC 5522, set the
+title, fetch or write files with OSC 1337, resize the window, erase the scrollback, start a
+string that swallows what harombe prints next).
 
 * :class:`PlainText` — ``harombe run`` on a terminal: text, ``\\t \\n \\r \\b`` and colours
   (SGR) pass, every other control sequence and control character is dropped;
 * :class:`ShellFilter` — ``harombe shell``: a full terminal for full-screen programs, so
-  everything passes but clipboard writes (OSC 52) and multiplexer pass-through strings (which
-  could carry one to the terminal outside tmux or screen);
+  cursor movement, erasing the screen, modes and character sets pass; every string sequence
+  (OSC, DCS, APC, PM, SOS: clipboard, titles, hyperlinks, images, pass-through to an outer
+  multiplexer) is dropped, and so are window operations (``CSI … t``, resizing) and erasing the
+  scrollback (``CSI 3 J``), which reach past the session's screen;
 * :data:`RESET` — written after a program's output, before harombe speaks: any open string
-  ended, colours and character set reset, cursor shown, mouse reporting off.
+  ended, colours and character set reset, cursor shown, mouse reporting, bracketed paste and
+  application keys off;
+* :func:`printable` — harombe's own lines that quote what a sandbox chose (file names, error
+  text), with control and invisible characters escaped.
 
-Both filters are incremental (a sequence may be split across reads). Output to a pipe or a
-file is not filtered (the bytes are the program's).
+Both filters read the bytes as a UTF-8 terminal does, incrementally (a sequence may be split
+across reads): C1 controls, 8-bit (``0x9B``) or UTF-8 encoded (U+009B), are read as their
+``ESC`` forms (``0x9B`` is ``ESC [``, ``0x9D`` is ``ESC ]``) and never passed as such (other C1
+controls are dropped); a
+sequence is passed only once it is whole and allowed, so the terminal never starts one the
+filter did not see. Bytes that are not UTF-8 pass unless they are C1 controls. Output to a
+pipe or a file is not filtered (the bytes are the program's).
 """
 
 from __future__ import annotations
 
-ESC, BEL, CAN, SUB = 0x1B, 0x07, 0x18, 0x1A
+import unicodedata
+
+ESC, BEL, CAN, SUB, DEL = 0x1B, 0x07, 0x18, 0x1A, 0x7F
 #: Control characters plain text keeps: backspace, tab, newline, carriage return.
 KEPT_CONTROLS = frozenset(b"\b\t\n\r")
 #: ESC followed by one of these starts a string (OSC, DCS, SOS, PM, APC) ended by ST or BEL.
 STRING_STARTS = frozenset(b"]PX^_")
-#: The longest SGR (colour) sequence kept; longer ones are dropped.
+#: C1 string terminator (ESC \\ as one 8-bit control).
+C1_ST = 0x9C
+#: C1 controls that start a sequence: DCS, SOS, CSI, OSC, PM, APC (ESC P, X, [, ], ^, _).
+C1_INTRODUCERS = frozenset({0x90, 0x98, 0x9B, 0x9D, 0x9E, 0x9F})
+#: The longest control sequence read; longer ones are dropped whole.
 MAX_CSI_BYTES = 64
 #: After the program's output: end an open string (ST), reset colours (SGR 0), the G0
-#: character set (ESC ( B, SI), show the cursor, stop mouse reporting.
-RESET = b"\x1b\\\x1b[0m\x1b(B\x0f\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l"
+#: character set (ESC ( B, SI), show the cursor, stop mouse reporting, focus events and
+#: bracketed paste, normal cursor keys and keypad.
+RESET = (
+    b"\x1b\\\x1b[0m\x1b(B\x0f\x1b[?25h\x1b[?1000l\x1b[?1002l\x1b[?1003l\x1b[?1006l"
+    b"\x1b[?1004l\x1b[?2004l\x1b[?1l\x1b>"
+)
+
+#: What the UTF-8 reader hands the parser: a byte below 0x80, a byte that is not UTF-8 (kept
+#: as it is), a whole multi-byte character, or a C1 control (its code, 0x80-0x9F).
+_BYTE, _INVALID, _CHAR, _C1 = range(4)
+#: Lead byte → (continuation bytes needed, lowest and highest second byte): RFC 3629's table,
+#: so overlong forms and surrogates are not UTF-8.
+_LEADS: dict[int, tuple[int, int, int]] = {
+    **{lead: (1, 0x80, 0xBF) for lead in range(0xC2, 0xE0)},
+    0xE0: (2, 0xA0, 0xBF),
+    **{lead: (2, 0x80, 0xBF) for lead in (*range(0xE1, 0xED), 0xEE, 0xEF)},
+    0xED: (2, 0x80, 0x9F),
+    0xF0: (3, 0x90, 0xBF),
+    0xF1: (3, 0x80, 0xBF), 0xF2: (3, 0x80, 0xBF), 0xF3: (3, 0x80, 0xBF),
+    0xF4: (3, 0x80, 0x8F),
+}  # fmt: skip
 
 
 class _Filter:
-    """A byte-at-a-time state machine over a stream: :meth:`feed` returns what may be shown
-    now, holding the bytes of a sequence not yet decided."""
+    """A terminal's parser over a byte stream (UTF-8 text, C0 and C1 controls, escape and
+    control sequences, strings); :meth:`feed` returns what may be shown now, holding the bytes
+    of a character or sequence not yet whole. Subclasses say what passes."""
+
+    def __init__(self) -> None:
+        self._state = "text"  # text, esc, escape, csi, string, string_esc
+        self._seq = bytearray()  # the escape or control sequence being read (7-bit form)
+        self._long = False  # the sequence outgrew MAX_CSI_BYTES: dropped whole
+        self._char = bytearray()  # the UTF-8 character being read
+        self._need, self._low, self._high = 0, 0x80, 0xBF
 
     def feed(self, data: bytes) -> bytes:
         """The part of ``data`` to show (bytes of an undecided sequence are held)."""
         out = bytearray()
         for byte in data:
-            self._step(byte, out)
+            self._read(byte, out)
         return bytes(out)
 
-    def _step(self, byte: int, out: bytearray) -> None:
+    # ---- UTF-8: bytes to characters and C1 controls -------------------------------------
+
+    def _read(self, byte: int, out: bytearray) -> None:
+        if self._need:
+            if self._low <= byte <= self._high:
+                self._char.append(byte)
+                self._need -= 1
+                self._low, self._high = 0x80, 0xBF
+                if not self._need:
+                    char, self._char = bytes(self._char), bytearray()
+                    if char[0] == 0xC2 and char[1] <= 0x9F:  # U+0080-U+009F: a C1 control
+                        self._unit(_C1, char[1], char, out)
+                    else:
+                        self._unit(_CHAR, char[0], char, out)
+                return
+            # Not UTF-8 after all: the lead byte is kept as it is, the rest read again.
+            held, self._char, self._need = bytes(self._char), bytearray(), 0
+            self._unit(_INVALID, held[0], held[:1], out)
+            for again in held[1:]:
+                self._read(again, out)
+        if byte < 0x80:
+            self._unit(_BYTE, byte, bytes([byte]), out)
+        elif byte <= 0x9F:  # not inside a character: an 8-bit C1 control
+            self._unit(_C1, byte, b"", out)
+        elif byte in _LEADS:
+            self._char = bytearray([byte])
+            self._need, self._low, self._high = _LEADS[byte]
+        else:
+            self._unit(_INVALID, byte, bytes([byte]), out)
+
+    # ---- the terminal's parser ----------------------------------------------------------
+
+    def _unit(self, kind: int, code: int, raw: bytes, out: bytearray) -> None:
+        if kind == _C1:
+            if self._state in ("string", "string_esc"):
+                if code == C1_ST:  # the string's end; any other C1 control is in it
+                    self._state = "text"
+                return
+            self._state = "text"  # a C1 control cuts a sequence being read short (dropped)
+            if code in C1_INTRODUCERS:  # read as the terminal would: ESC and a 7-bit byte
+                self._state = "esc"
+                self._unit(_BYTE, code - 0x40, b"", out)
+            return  # any other C1 control is dropped
+        state = self._state
+        if state == "text":
+            self._in_text(kind, code, raw, out)
+        elif state == "esc":
+            self._after_esc(kind, code, raw, out)
+        elif state in ("escape", "csi"):
+            self._in_sequence(kind, code, raw, out)
+        elif state == "string":  # dropped, up to its end
+            if kind == _BYTE and code in (BEL, CAN, SUB):
+                self._state = "text"
+            elif kind == _BYTE and code == ESC:
+                self._state = "string_esc"
+        else:  # string_esc: ESC \ ends the string; ESC and anything else starts a sequence
+            self._state = "esc"
+            if not (kind == _BYTE and code == ord("\\")):
+                self._after_esc(kind, code, raw, out)
+            else:
+                self._state = "text"
+
+    def _in_text(self, kind: int, code: int, raw: bytes, out: bytearray) -> None:
+        if kind != _BYTE or 0x20 <= code < DEL:
+            out += raw  # printable text, a character, or bytes that are not UTF-8
+        elif code == ESC:
+            self._state = "esc"
+        elif self._control(code):
+            out.append(code)
+
+    def _after_esc(self, kind: int, code: int, raw: bytes, out: bytearray) -> None:
+        self._seq, self._long = bytearray([ESC]), False
+        if kind != _BYTE or code < 0x20 or code == DEL:
+            # ESC ESC starts again; CAN and SUB cancel; anything else is not a sequence: the
+            # ESC is dropped and the unit read as text (the terminal never sees the ESC).
+            self._state = "esc" if code == ESC and kind == _BYTE else "text"
+            if self._state == "text" and not (kind == _BYTE and code in (CAN, SUB)):
+                self._in_text(kind, code, raw, out)
+        elif code == ord("["):
+            self._state = "csi"
+            self._seq.append(code)
+        elif code in STRING_STARTS:
+            self._state = "string"
+        elif code <= 0x2F:  # an intermediate: ESC ( B and the like
+            self._state = "escape"
+            self._seq.append(code)
+        else:  # a two-byte escape (RIS, DECSC, index, keypad modes…)
+            self._state = "text"
+            self._seq.append(code)
+            if self._escape(bytes(self._seq)):
+                out += self._seq
+
+    def _in_sequence(self, kind: int, code: int, raw: bytes, out: bytearray) -> None:
+        """Inside ``ESC [`` (csi) or ``ESC`` + intermediates (escape), up to the final byte;
+        anything that cannot be in one drops what was read and is read as text again."""
+        csi = self._state == "csi"
+        if kind == _BYTE and (0x20 <= code <= 0x2F or (csi and 0x30 <= code <= 0x3F)):
+            if len(self._seq) < MAX_CSI_BYTES:
+                self._seq.append(code)
+            else:
+                self._long = True
+            return
+        self._state = "text"
+        final = 0x40 if csi else 0x30
+        if kind == _BYTE and final <= code <= 0x7E:
+            sequence = bytes(self._seq) + bytes([code])
+            allowed = self._csi(sequence) if csi else self._escape(sequence)
+            if allowed and not self._long:
+                out += sequence
+        else:
+            self._unit(kind, code, raw, out)
+
+    # ---- what passes --------------------------------------------------------------------
+
+    def _control(self, code: int) -> bool:
+        """Whether the C0 control (or DEL) ``code`` passes."""
+        raise NotImplementedError
+
+    def _escape(self, sequence: bytes) -> bool:
+        """Whether ``ESC`` [intermediates] final passes."""
+        raise NotImplementedError
+
+    def _csi(self, sequence: bytes) -> bool:
+        """Whether the whole control sequence ``ESC [`` … final passes."""
         raise NotImplementedError
 
 
 class PlainText(_Filter):
     """Incremental filter to printable text and colours (see the module docstring)."""
 
-    def __init__(self) -> None:
-        self._state = "text"  # text, esc, intermediate, csi, string, string_esc, c2
-        self._csi = bytearray()
+    def _control(self, code: int) -> bool:
+        return code in KEPT_CONTROLS
 
-    def _step(self, byte: int, out: bytearray) -> None:
-        state = self._state
-        if state == "esc":
-            self._after_esc(byte, out)
-        elif state == "intermediate":  # ESC ( B and the like: dropped with their final byte
-            if not 0x20 <= byte <= 0x2F:
-                self._state = "text"
-                if not 0x30 <= byte <= 0x7E:
-                    self._text(byte, out)
-        elif state == "csi":
-            self._in_csi(byte, out)
-        elif state in ("string", "string_esc"):  # swallowed until ST, BEL, CAN or SUB
-            if byte in (BEL, CAN, SUB) or (state == "string_esc" and byte == ord("\\")):
-                self._state = "text"
-            else:
-                self._state = "string_esc" if byte == ESC else "string"
-        elif state == "c2":  # a UTF-8 lead byte: C2 80..9F encodes a C1 control
-            self._state = "text"
-            if not 0x80 <= byte <= 0x9F:
-                out.append(0xC2)
-                self._text(byte, out)
-        else:
-            self._text(byte, out)
+    def _escape(self, sequence: bytes) -> bool:
+        return False
 
-    def _text(self, byte: int, out: bytearray) -> None:
-        if byte == ESC:
-            self._state = "esc"
-        elif byte == 0xC2:
-            self._state = "c2"
-        elif (byte >= 0x20 and byte != 0x7F) or byte in KEPT_CONTROLS:
-            out.append(byte)
-
-    def _after_esc(self, byte: int, out: bytearray) -> None:
-        if byte == ord("["):
-            self._state, self._csi = "csi", bytearray(b"\x1b[")
-        elif byte in STRING_STARTS:
-            self._state = "string"
-        elif 0x20 <= byte <= 0x2F:
-            self._state = "intermediate"
-        elif 0x30 <= byte <= 0x7E:
-            self._state = "text"  # a two-byte escape (RIS, DECSC, index...): dropped
-        else:
-            self._state = "text"
-            self._text(byte, out)
-
-    def _in_csi(self, byte: int, out: bytearray) -> None:
-        if 0x20 <= byte <= 0x3F:  # parameters and intermediates
-            if len(self._csi) <= MAX_CSI_BYTES:
-                self._csi.append(byte)
-            return
-        self._state = "text"
-        if 0x40 <= byte <= 0x7E:
-            params = bytes(self._csi[2:])
-            sgr = byte == ord("m") and set(params) <= set(b"0123456789;:")
-            if sgr and len(self._csi) <= MAX_CSI_BYTES:
-                out += self._csi + b"m"
-        else:  # not a sequence after all: the byte is text again
-            self._text(byte, out)
+    def _csi(self, sequence: bytes) -> bool:
+        return sequence.endswith(b"m") and set(sequence[2:-1]) <= set(b"0123456789;:")
 
 
 class ShellFilter(_Filter):
-    """Incremental filter of a terminal's output that drops clipboard writes (OSC 52) and
-    tmux/screen pass-through strings; everything else passes unchanged."""
+    """Incremental filter of a terminal's output for ``harombe shell``: what a full-screen
+    program needs passes, strings and what reaches past the session's screen do not (see the
+    module docstring)."""
 
-    #: How many bytes of a string's start are read to decide whether it passes.
-    HEAD_BYTES = 16
+    def _control(self, code: int) -> bool:
+        return code not in (CAN, SUB)  # they only cancel a sequence, and none is open here
 
-    def __init__(self) -> None:
-        self._state = "text"  # text, esc, c2, head, pass, drop (+ "_esc" after ESC in a string)
-        self._head = bytearray()
+    def _escape(self, sequence: bytes) -> bool:
+        return sequence != b"\x1b\\"  # a string terminator with no string to end
 
-    def _step(self, byte: int, out: bytearray) -> None:
-        state = self._state
-        if state == "text":
-            if byte in (ESC, 0xC2):
-                self._state = "esc" if byte == ESC else "c2"
-            else:
-                out.append(byte)
-        elif state in ("esc", "c2"):  # C2 9D and C2 90: OSC and DCS as UTF-8 C1 controls
-            kind = {0x5D: "]", 0x50: "P"} if state == "esc" else {0x9D: "]", 0x90: "P"}
-            if byte in kind:
-                self._state, self._head = "head", bytearray(b"\x1b" + kind[byte].encode())
-            else:
-                self._state = "text"
-                out += bytes([ESC if state == "esc" else 0xC2])
-                self._step(byte, out)
-        elif state == "head":
-            self._head.append(byte)
-            self._maybe_decide(byte, out)
-        else:
-            self._in_string(byte, out)
+    def _csi(self, sequence: bytes) -> bool:
+        final, body = sequence[-1:], sequence[2:-1]
+        if final == b"t":  # window operations: move, resize, iconify, report the title
+            return False
+        if final == b"|" and body[-1:] in (b"$", b"*"):  # DECSCPP, DECSNLS: resize
+            return False
+        erases = final == b"J" and any(p.isdigit() and int(p) == 3 for p in body.split(b";"))
+        return not erases  # ED 3 erases the scrollback, which holds what came before
 
-    def _in_string(self, byte: int, out: bytearray) -> None:
-        """Inside a passed or dropped string, until BEL, CAN, SUB or ESC (ST, or the start of
-        a new sequence, which ends the string for the terminal too)."""
-        base = self._state.removesuffix("_esc")
-        if self._state.endswith("_esc"):
-            if base == "pass":
-                out += b"\x1b\\"  # end the string properly, whatever followed the ESC
-            self._state = "text"
-            if byte != ord("\\"):
-                self._state = "esc"
-                self._step(byte, out)
-        elif byte == ESC:
-            self._state = base + "_esc"
-        else:
-            if base == "pass":
-                out.append(byte)
-            if byte in (BEL, CAN, SUB):
-                self._state = "text"
 
-    def _maybe_decide(self, byte: int, out: bytearray) -> None:
-        head = bytes(self._head)
-        body = head[2:]
-        if byte == ESC:  # ST or a new sequence: the string ends here, as it is
-            self._head.pop()
-            self._decide(out, bytes(self._head))
-            self._state = self._state + "_esc"
-            return
-        ended = byte in (BEL, CAN, SUB)
-        if head[1:2] == b"]":  # OSC number: 52 (also spelt 052) is the clipboard
-            number = body.rstrip(b"\x07\x18\x1a").split(b";", 1)[0]
-            if ended or not body[-1:].isdigit() or len(body) > self.HEAD_BYTES:
-                padded = len(number) > self.HEAD_BYTES  # 0000…052 is still 52
-                odd = not number.isdigit() or padded
-                self._decide(out, head, dropped=odd or int(number) == 52)
-        elif ended or len(body) >= 5 or body[:1] == b"\x1b":  # DCS: tmux; or screen's ESC
-            self._decide(out, head, dropped=body.startswith(b"tmux;"))
-        if ended:
-            self._state = "text"
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
-    def _decide(self, out: bytearray, head: bytes, *, dropped: bool | None = None) -> None:
-        if dropped is None:  # a string ended by ESC while undecided
-            body = head[2:]
-            dropped = head[1:2] == b"]" and body.isdigit() and int(body) == 52
-        if not dropped:
-            out += head
-        self._state = "drop" if dropped else "pass"
+
+def printable(text: str, *, keep: str = "\n\t") -> str:
+    """``text`` with control characters (C0, DEL, C1) and invisible ones (zero-width,
+    bidirectional, line separators) escaped as ``\\x1b``, ``\\u202e``, except those in ``keep``:
+    for harombe's own lines that quote what a sandbox chose."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if char not in keep and unicodedata.category(char) in _UNSAFE
+        else char
+        for char in text
+    )

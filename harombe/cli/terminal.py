@@ -19,12 +19,13 @@ import struct
 import termios
 import threading
 import tty
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any
 
 import structlog
 
 from harombe.cli.screen import RESET, ShellFilter
-from harombe.errors import HarombeError, UsageError
+from harombe.errors import HarombeError, SandboxLostError, UsageError
 from harombe.security.runtime.backend import Terminal
 
 log = structlog.get_logger(__name__)
@@ -163,10 +164,15 @@ async def _forward_sizes(terminal: Terminal, changed: asyncio.Event, fds: tuple[
             log.warning("shell.resize_failed", error=str(exc))
 
 
-async def relay(terminal: Terminal, *, stdin_fd: int, stdout_fd: int, tty: bool) -> int | None:
+async def relay(
+    terminal: Terminal, *, stdin_fd: int, stdout_fd: int, tty: bool,
+    lost: Callable[[], Awaitable[str]] | None = None,
+) -> int | None:  # fmt: skip
     """Relay until the remote terminal's stream ends (None) or a :data:`STOP_SIGNALS` signal
     arrives (its number). Typed bytes go to ``terminal`` (from its first output on), its bytes
-    to ``stdout_fd``, and each SIGWINCH becomes a resize to this terminal's size."""
+    to ``stdout_fd``, and each SIGWINCH becomes a resize to this terminal's size. ``lost``,
+    if given, returns once the terminal's sandbox is gone, with the reason: the relay then
+    ends at once with :class:`SandboxLostError` (a stream can outlive its container)."""
     loop = asyncio.get_running_loop()
     changed, stopped, shown = asyncio.Event(), asyncio.Event(), asyncio.Event()
     got: list[int] = []
@@ -180,14 +186,18 @@ async def relay(terminal: Terminal, *, stdin_fd: int, stdout_fd: int, tty: bool)
     loop.add_signal_handler(signal.SIGWINCH, changed.set)
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop, signum)
-    tasks = [
+    watch: asyncio.Future[str] = asyncio.ensure_future(lost()) if lost else loop.create_future()
+    tasks: list[asyncio.Future[Any]] = [
         asyncio.ensure_future(_show_output(terminal, stdout_fd, shown)),
         asyncio.ensure_future(stopped.wait()),
+        watch,
         asyncio.ensure_future(_send_input(terminal, source, tty=tty, shown=shown)),
         asyncio.ensure_future(_forward_sizes(terminal, changed, (stdout_fd, stdin_fd))),
     ]
     try:
-        await asyncio.wait(tasks[:2], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(tasks[:3], return_when=asyncio.FIRST_COMPLETED)
+        if watch.done() and not got:
+            raise SandboxLostError(watch.result())
         if tasks[0].done():
             tasks[0].result()  # an error reading the terminal is the caller's to see
     finally:

@@ -47,7 +47,7 @@ PLAIN_CASES = [
     ("unterminated-osc-swallows-nothing-after-reset", b"\x1b]0;eat everything", b""),
     ("dcs", b"\x1bP1$qm\x1b\\ok", b"ok"),
     ("charset", b"\x1b(0lqk\x1b(B", b"lqk"),
-    ("c1-csi-utf8", "\u009b2Jx\u009d52;c;AA\u009c".encode(), b"2Jx52;c;AA"),
+    ("c1-csi-utf8", "\u009b2Jx\u009d52;c;AA\u009c".encode(), b"x"),
     ("utf8-kept", "é✓\n".encode(), "é✓\n".encode()),
     ("invalid-utf8-kept", b"\xff\xfe\n", b"\xff\xfe\n"),
     ("bell-and-nul", b"\x07\x00x\x7f", b"x"),
@@ -142,17 +142,16 @@ async def test_a_closed_stdout_stops_the_run(monkeypatch: pytest.MonkeyPatch) ->
 
 SHELL_CASES = [
     ("text-and-cursor", b"\x1b[2J\x1b[H\x1b[31mhi\x1b[0m", b"\x1b[2J\x1b[H\x1b[31mhi\x1b[0m"),
-    ("title-kept", b"\x1b]0;bash\x07$ ", b"\x1b]0;bash\x07$ "),
+    ("title-dropped", b"\x1b]0;bash\x07$ ", b"$ "),
     ("osc52-bel", b"a\x1b]52;c;ZWNobw==\x07b", b"ab"),
     ("osc52-st", b"a\x1b]52;c;ZWNobw==\x1b\\b", b"ab"),
     ("osc52-padded", b"a\x1b]0000000052;c;AA\x07b", b"ab"),
     ("osc52-very-padded", b"a\x1b]" + b"0" * 40 + b"52;c;AA\x07b", b"ab"),
-    ("osc52-c1", "a\u009d52;c;AA\u009cb".encode(), b"a"),
-    ("osc52-after-an-unended-title", b"\x1b]0;t\x1b]52;c;AA\x07b", b"\x1b]0;t\x1b\\b"),
-    ("tmux-passthrough", b"\x1bPtmux;\x1b\x1b]52;c;AA\x07\x1b\\b", b"\x1b\x1b\\b"),
-    ("screen-passthrough", b"\x1bP\x1b]52;c;AA\x07\x1b\\b", b"\x1bP\x1b\\\x1b\\b"),
-    ("hyperlink-kept", b"\x1b]8;;http://x/\x1b\\l\x1b]8;;\x1b\\", b"\x1b]8;;http://x/\x1b\\l"
-                                                                  b"\x1b]8;;\x1b\\"),
+    ("osc52-c1", "a\u009d52;c;AA\u009cb".encode(), b"ab"),
+    ("osc52-after-an-unended-title", b"\x1b]0;t\x1b]52;c;AA\x07b", b"b"),
+    ("tmux-passthrough", b"\x1bPtmux;\x1b\x1b]52;c;AA\x07\x1b\\b", b"b"),
+    ("screen-passthrough", b"\x1bP\x1b]52;c;AA\x07\x1b\\b", b"b"),
+    ("hyperlink-dropped", b"\x1b]8;;http://x/\x1b\\l\x1b]8;;\x1b\\", b"l"),
     ("utf8-kept", "é ✓ \u00a0".encode(), "é ✓ \u00a0".encode()),
 ]
 
@@ -160,7 +159,8 @@ SHELL_CASES = [
 @pytest.mark.parametrize(("data", "shown"), [c[1:] for c in SHELL_CASES],
                          ids=[c[0] for c in SHELL_CASES])  # fmt: skip
 def test_the_shell_never_lets_the_sandbox_write_the_clipboard(data: bytes, shown: bytes) -> None:
-    """OSC 52 (however spelt or smuggled) is dropped; full-screen programs' sequences pass."""
+    """OSC 52 (however spelt or smuggled) and every other string is dropped; full-screen
+    programs' sequences pass."""
     screen = ShellFilter()
     assert screen.feed(data) == shown
     split = ShellFilter()

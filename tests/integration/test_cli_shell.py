@@ -190,6 +190,7 @@ def test_piped_input_runs_without_a_terminal() -> None:
 
 async def test_attaching_to_a_live_sandbox_leaves_it_running(fresh_sandbox: str) -> None:
     """--sandbox ID: the shell runs in that sandbox (it sees its files) and leaves it running."""
+
     async def shell(*args: str, stdin: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "harombe", "shell", *args, cwd=ROOT,
@@ -206,3 +207,42 @@ async def test_attaching_to_a_live_sandbox_leaves_it_running(fresh_sandbox: str)
     assert (code, re.search(r"^marked\r?$", shown, re.M) is not None) == (0, True), shown
     code, shown = await shell("--sandbox", "sandbox-000000000000", stdin="")
     assert code == 1 and "no live sandbox" in shown, shown
+
+
+def lose(sandbox_id: str, how: str) -> None:
+    """Take the sandbox away from outside, as a user would: `harombe rm` or `docker kill`."""
+    if how == "harombe-rm":
+        done = subprocess.run([sys.executable, "-m", "harombe", "rm", sandbox_id], cwd=ROOT,
+                              capture_output=True, text=True, timeout=WAIT_S)  # fmt: skip
+        assert done.returncode == 0, done
+        return
+    client = docker.from_env()
+    try:
+        (found,) = client.containers.list(filters={"label": f"harombe.sandbox={sandbox_id}"})
+        found.kill()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    ("how", "said"),
+    [("harombe-rm", "was removed from outside"), ("docker-kill", "was stopped from outside")],
+    ids=["harombe-rm", "docker-kill"],
+)
+def test_a_sandbox_lost_from_outside_ends_the_shell_with_a_line(how: str, said: str) -> None:
+    """Removing or killing a live shell's sandbox ends the shell at once, saying why, exit 1;
+    the terminal is usable again (not left raw)."""
+    term = Tmux(CLI)
+    try:
+        sandbox_id = term.wait_for(r"in sandbox (sandbox-[0-9a-f]{12})").group(1)
+        term.wait_for(r"sandbox@sandbox:/workspace\$\s*$")
+        lose(sandbox_id, how)
+        line = term.wait_for(rf"harombe shell: sandbox {sandbox_id} {said}[^\n]*\n?[^\n]*"
+                             r"the session ended")  # fmt: skip
+        term.wait_for(r"^EXITED=1$", after=line.start())
+        deadline = time.monotonic() + WAIT_S  # a removal racing `harombe rm` may be deferred
+        while (left := containers_of(sandbox_id)) != []:
+            assert time.monotonic() < deadline, left
+            time.sleep(0.5)
+    finally:
+        term.kill()

@@ -24,12 +24,14 @@ ENV = {k: v for k, v in os.environ.items() if not k.startswith("HAROMBE")}
 
 
 def test_the_readme_decorator_example_runs_as_written() -> None:
-    """The first Python block, run as a script, prints the TOML its comment shows."""
+    """The first Python block, run as a script, prints the TOML its comment shows, and
+    nothing on stderr (harombe's info events stay quiet unless asked)."""
     first = re.findall(r"```python\n(.*?)```", SECTION, flags=re.S)[0]
     done = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True,
                           timeout=600, env=ENV, cwd=ROOT)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == 'name = "harombe"\n'
+    assert done.stderr == ""
 
 
 def test_the_readme_names_the_apis_it_shows() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import re
 import signal
 import struct
 import termios
@@ -171,3 +172,66 @@ async def test_session_over_fake_docker_runs_as_the_sandbox_user(
     assert status == 7
     assert (terminal.user, terminal.workdir, terminal.sizes[0]) == ("1000:1000", "/workspace",
                                                                      (33, 111))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fate", "reason"),
+    [
+        ("running", None),
+        ("paused", None),
+        ("killed", r"sandbox-x was stopped from outside \(exited, exit code 137"),
+        ("oom", r"sandbox-x was killed for exceeding its memory limit"),
+        ("removed", r"sandbox-x was removed from outside \(harombe rm or docker rm\)"),
+    ],
+    ids=["running", "paused", "killed", "oom", "removed"],
+)
+async def test_lost_reason_says_what_happened_to_the_sandbox(fate: str, reason: str | None) -> None:
+    """A running or paused sandbox holds the session; a stopped or removed one says why not."""
+    docker = FakeDocker()
+    await docker.start()
+    container_id = await docker.create_container(image="harombe/sandbox:latest", labels={})
+    await docker.start_container(container_id)
+    if fate == "paused":
+        docker.pause(container_id)
+    elif fate in ("killed", "oom"):
+        docker.kill(container_id, oom=fate == "oom")
+    elif fate == "removed":
+        await docker.remove_container(container_id)
+    found = await shell_cli.lost_reason(docker, container_id, "sandbox-x")
+    assert (found is None) if reason is None else re.search(reason, found or ""), found
+
+
+@pytest.mark.parametrize("how", ["removed", "killed"])
+async def test_a_session_whose_sandbox_is_lost_ends_at_once_with_a_line(
+    monkeypatch: pytest.MonkeyPatch, pty_pair: tuple[int, int],
+    capsys: pytest.CaptureFixture[str], how: str,
+) -> None:  # fmt: skip
+    """The terminal's stream stays open, but the watch ends the session: exit 1, and why."""
+    _, local = pty_pair
+    monkeypatch.setattr(shell_cli, "WATCH_POLL_S", 0.01)
+    docker = FakeDocker()
+    await docker.start()
+    config = parse_config({})
+    manager = SandboxManager(docker, config=config)
+    await manager.start()
+    try:
+        box = await manager.create_sandbox("shell")
+        monkeypatch.setattr("sys.stdin.fileno", lambda: local)
+        monkeypatch.setattr("sys.stdout.fileno", lambda: local)
+        session = shell_cli.session(docker, box.container_id, language="bash", config=config,
+                                    sandbox_id=box.sandbox_id)  # fmt: skip
+        running = asyncio.ensure_future(session)
+        await asyncio.sleep(0.05)
+        assert not running.done()
+        if how == "removed":
+            await docker.remove_container(box.container_id)
+        else:
+            docker.kill(box.container_id)
+        status = await asyncio.wait_for(running, 10)
+    finally:
+        await manager.stop()
+    assert status == shell_cli.EXIT_SANDBOX_LOST == 1
+    err = capsys.readouterr().err
+    assert f"harombe shell: sandbox {box.sandbox_id} was {how}" in err.replace("stopped", "killed")
+    assert err.rstrip().endswith("; the session ended")
+    assert docker.terminals[0].status is None, "the fake stream never ended by itself"
