@@ -20,6 +20,7 @@ constrain (the sandbox is a gVisor kernel, not an AppArmor-confined process): th
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Iterable, Sequence
 from importlib import metadata
@@ -246,7 +247,8 @@ def _from_sandbox_config(
 def venv_requirements(venv_path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The packages installed in the virtualenv at ``venv_path``, as pinned requirements
     (``name==version``), without pip and the other tools every venv has. Raises
-    :class:`UsageError` when ``venv_path`` is not a virtualenv."""
+    :class:`UsageError` when ``venv_path`` is not a virtualenv, or holds a package that did
+    not come from a package index (see :func:`_not_from_an_index`)."""
     root = Path(venv_path)
     if not (root / "pyvenv.cfg").is_file():
         raise UsageError(
@@ -255,9 +257,44 @@ def venv_requirements(venv_path: str | os.PathLike[str]) -> tuple[str, ...]:
         )
     found = [str(p) for p in sorted(root.glob("lib*/python*/site-packages")) if p.is_dir()]
     pins: dict[str, str] = {}
+    local: list[str] = []
     for dist in metadata.distributions(path=found):
         name = dist.name
         if not name or name.lower().replace("_", "-") in VENV_TOOLING:
             continue
+        why = _not_from_an_index(dist)
+        if why is not None:
+            local.append(f"{name} ({why})")
         pins.setdefault(name.lower(), f"{name}=={dist.version}")
+    if local:
+        raise UsageError(
+            f"venv_path holds packages not from a package index: {', '.join(sorted(local)[:10])}"
+            "; harombe installs a venv's packages by name and version from the configured "
+            "index, where that name may be someone else's package. Leave them out of the venv "
+            "(or install them from the index there), or copy their code in with mnt_dir"
+        )
     return tuple(pins[key] for key in sorted(pins))
+
+
+def _not_from_an_index(dist: metadata.Distribution) -> str | None:
+    """Why ``dist`` was not installed from a package index (its ``direct_url.json``, PEP 610:
+    an editable or local directory, a file or URL, a VCS checkout; or a local version label,
+    which an index never serves), or ``None``."""
+    if "+" in str(dist.version):
+        return f"local version {str(dist.version)[:40]}"
+    text = dist.read_text("direct_url.json")
+    if text is None:
+        return None
+    try:
+        direct = json.loads(text)
+    except ValueError:
+        direct = {}
+    direct = direct if isinstance(direct, dict) else {}
+    url = str(direct.get("url", ""))[:120]
+    info = direct.get("dir_info")
+    if isinstance(info, dict) and info.get("editable"):
+        return f"editable, from {url}"
+    vcs = direct.get("vcs_info")
+    if isinstance(vcs, dict):
+        return f"{str(vcs.get('vcs', 'vcs'))[:10]}, from {url}"
+    return f"from {url or 'a direct URL'}"

@@ -305,3 +305,30 @@ def test_run_arguments_of_the_wrong_type_are_usage_errors(kw: dict[str, Any], ma
     text is not split into characters, a truthy string is not a network."""
     with pytest.raises(UsageError, match=match):
         read(None, **kw)
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "version", "shown"),
+    [
+        ('{"url": "file:///src/mycorp-utils", "dir_info": {"editable": true}}', "1.2.0",
+         "editable"),
+        ('{"url": "file:///src/mycorp_utils-1.2.0-py3-none-any.whl", "archive_info": {}}',
+         "1.2.0", "file:"),
+        ('{"url": "https://git.example.org/mycorp-utils", "vcs_info": {"vcs": "git"}}', "1.2.0",
+         "git"),
+        (None, "1.2.0+corp", "local version"),
+    ],
+    ids=["editable", "local-wheel", "vcs", "local-version"],
+)  # fmt: skip
+def test_a_package_not_from_an_index_is_refused_not_fetched_by_name(
+    tmp_path: Path, direct_url: str | None, version: str, shown: str
+) -> None:
+    """A venv package installed from a directory, a file, a VCS URL, or with a local version
+    is not pinned by name: fetching ``mycorp-utils==1.2.0`` from the public index would run
+    whatever someone published under that name. The UsageError names the package and why."""
+    venv = _venv(tmp_path, ("toml", "0.10.2"), ("mycorp-utils", version))
+    if direct_url is not None:
+        site = venv / "lib" / "python3.12" / "site-packages"
+        (site / f"mycorp_utils-{version}.dist-info" / "direct_url.json").write_text(direct_url)
+    with pytest.raises(UsageError, match=rf"not from a package index: mycorp-utils \(.*{shown}"):
+        venv_requirements(venv)
