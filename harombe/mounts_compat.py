@@ -51,11 +51,11 @@ class RunResult(dict[str, Any]):
         try:
             return self[name]
         except KeyError:
-            keys = ", ".join(sorted(self))
+            keys = ", ".join(sorted(map(str, self)))  # a caller's key may not be text
             raise AttributeError(f"the run's result has no {name!r}; it has {keys}") from None
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self})
+        return sorted({*super().__dir__(), *(k for k in self if isinstance(k, str))})
 
     @property
     def returncode(self) -> int | None:

@@ -332,3 +332,13 @@ def test_a_package_not_from_an_index_is_refused_not_fetched_by_name(
         (site / f"mycorp_utils-{version}.dist-info" / "direct_url.json").write_text(direct_url)
     with pytest.raises(UsageError, match=rf"not from a package index: mycorp-utils \(.*{shown}"):
         venv_requirements(venv)
+
+
+def test_a_result_with_keys_of_any_type_still_copies() -> None:
+    """A key the caller adds that is not text (``res[1] = ...``) leaves attribute reads, copies
+    and pickles working: a missing attribute is still an AttributeError."""
+    res = RunResult(RESULT)
+    res[1] = "one"
+    assert not hasattr(res, "nope")
+    assert copy.deepcopy(res) == res and pickle.loads(pickle.dumps(res)) == res
+    assert "stdout" in dir(res)
