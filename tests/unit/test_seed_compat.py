@@ -275,15 +275,16 @@ def test_each_field_is_read_once() -> None:
         (SandboxConfig(apparmor_profile_name=3), r"apparmor_profile_name.*int"),  # type: ignore[arg-type]
         (SandboxConfig(memory_mb=-1), r"SandboxConfig\.memory_mb.*32"),
         (SandboxConfig(memory_mb=float("nan")), r"SandboxConfig\.memory_mb"),  # type: ignore[arg-type]
-        (SandboxConfig(memory_mb=True), r"SandboxConfig\.memory_mb.*bool"),  # type: ignore[arg-type]
+        (SandboxConfig(memory_mb=True), r"SandboxConfig\.memory_mb.*bool"),
+        (SandboxConfig(memory_mb=10**13), r"SandboxConfig\.memory_mb.*less than or equal"),
         (SandboxConfig(cpus=float("nan")), r"SandboxConfig\.cpus"),
         (SandboxConfig(cpus=10**6), r"SandboxConfig\.cpus.*64"),
         (SandboxConfig(cpus="2"), r"SandboxConfig\.cpus.*str"),  # type: ignore[arg-type]
         (SandboxConfig(config={"security": {}}), r"SandboxConfig\.config.*HarombeConfig"),  # type: ignore[arg-type]
     ],
     ids=["network-as-text", "network-as-int", "host-not-text", "venv-not-a-path",
-         "apparmor-not-text", "memory-negative", "memory-nan", "memory-bool", "cpus-nan",
-         "cpus-huge", "cpus-as-text", "config-a-dict"],
+         "apparmor-not-text", "memory-negative", "memory-nan", "memory-bool", "memory-huge",
+         "cpus-nan", "cpus-huge", "cpus-as-text", "config-a-dict"],
 )  # fmt: skip
 def test_a_field_of_the_wrong_type_or_range_is_a_usage_error(conf: object, match: str) -> None:
     """Every SandboxConfig field is checked before use: a wrong type or range is a UsageError
