@@ -175,14 +175,8 @@ def _number(what: str, value: object, kinds: tuple[type, ...]) -> None:
                          f"{str(value)[:40]!r}")  # fmt: skip
 
 
-def _from_sandbox_config(
-    conf: dict[str, Any],
-    code: str | None,
-    *,
-    config: HarombeConfig | None,
-    network: bool,
-    domains: tuple[str, ...],
-) -> Call:
+def _checked_types(conf: dict[str, Any]) -> tuple[HarombeConfig | None, Any, str | None]:
+    """``config``, ``venv_path`` and ``apparmor_profile_name``, each of a type they may be."""
     own_config, venv_path, apparmor = (
         conf["config"],
         conf["venv_path"],
@@ -191,15 +185,45 @@ def _from_sandbox_config(
     if own_config is not None and not isinstance(own_config, HarombeConfig):
         raise UsageError(f"SandboxConfig.config is a harombe.config.HarombeConfig (e.g. "
                          f"load_config()) or None, not {type(own_config).__name__}")  # fmt: skip
-    if config is not None and own_config is not None:
-        raise UsageError("run_sandboxed got two harombe configs (SandboxConfig.config and "
-                         "config=); pass one")  # fmt: skip
     if venv_path is not None and not isinstance(venv_path, str | os.PathLike):
         raise UsageError(f"SandboxConfig.venv_path is a path (text) or None, not "
                          f"{type(venv_path).__name__}")  # fmt: skip
     if apparmor is not None and not isinstance(apparmor, str):
         raise UsageError(f"SandboxConfig.apparmor_profile_name is text or None, not "
                          f"{type(apparmor).__name__}")  # fmt: skip
+    return own_config, venv_path, apparmor
+
+
+def _with_limits(base: HarombeConfig | None, memory_mb: object, cpus: object) -> HarombeConfig:
+    """``base`` (or the loaded config) with SandboxConfig's limits; a bad one names its field."""
+    from harombe.config import load_config
+
+    _number("memory_mb", memory_mb, (int,))
+    _number("cpus", cpus, (int, float))
+    config = base or load_config()
+    for field, key, value in (("memory_mb", "max_memory_mb", memory_mb),
+                              ("cpus", "max_cpu_cores", cpus)):  # fmt: skip
+        try:
+            config = override(config, **{key: value})
+        except ConfigError as err:  # it names the config's key: name the field given
+            reason = str(err).partition(f"{key}': ")[2] or str(err)
+            raise UsageError(f"SandboxConfig.{field}={value!r} cannot be the sandbox's "
+                             f"limit: {reason}") from None  # fmt: skip
+    return config
+
+
+def _from_sandbox_config(
+    conf: dict[str, Any],
+    code: str | None,
+    *,
+    config: HarombeConfig | None,
+    network: bool,
+    domains: tuple[str, ...],
+) -> Call:
+    own_config, venv_path, apparmor = _checked_types(conf)
+    if config is not None and own_config is not None:
+        raise UsageError("run_sandboxed got two harombe configs (SandboxConfig.config and "
+                         "config=); pass one")  # fmt: skip
     enable_network = _flag("SandboxConfig.enable_network", conf["enable_network"])
     listed = _hosts("SandboxConfig.allowed_domains", conf["allowed_domains"])
     domains = domains or listed
@@ -215,22 +239,8 @@ def _from_sandbox_config(
             "enable_network=True, allowed_domains=['api.example.com'])"
         )
     memory_mb, cpus = conf["memory_mb"], conf["cpus"]
-    _number("memory_mb", memory_mb, (int,))
-    _number("cpus", cpus, (int, float))
-    base = config or own_config
     limited = memory_mb is not None or cpus is not None
-    if limited:
-        from harombe.config import load_config
-
-        base = base or load_config()
-        for field, key, value in (("memory_mb", "max_memory_mb", memory_mb),
-                                  ("cpus", "max_cpu_cores", cpus)):  # fmt: skip
-            try:
-                base = override(base, **{key: value})
-            except ConfigError as err:  # it names the config's key: name the field given
-                reason = str(err).partition(f"{key}': ")[2] or str(err)
-                raise UsageError(f"SandboxConfig.{field}={value!r} cannot be the sandbox's "
-                                 f"limit: {reason}") from None  # fmt: skip
+    base = _with_limits(config or own_config, memory_mb, cpus) if limited else config or own_config
     warnings: tuple[str, ...] = ()
     if apparmor:
         warnings = (
