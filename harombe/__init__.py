@@ -32,6 +32,8 @@ _ERRORS = (
     "WorkspacePathError", "PackageSpecError", "ApprovalDeniedError", "GuardrailError",
 )  # fmt: skip
 _LAZY.update(dict.fromkeys(_ERRORS, "harombe.errors"))
+#: ``from harombe import *``: the public names (imported then), not the package's internals.
+__all__ = sorted(_LAZY)
 
 if TYPE_CHECKING:  # what type checkers see of the lazy names
     from harombe.decorator import sandbox as sandbox
@@ -51,3 +53,7 @@ def __getattr__(name: str) -> object:
     import importlib
 
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

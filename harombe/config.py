@@ -56,12 +56,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+#: The largest memory or disk size a limit may name (4 TiB).
+MAX_SIZE_MB = 4 << 20
+
+
 class Limits(_Strict):
     """Per-sandbox resource limits; names carry their units."""
 
-    max_memory_mb: int = Field(512, ge=32, description="RAM for user processes, summed")
+    # Sizes stop at 4 TiB: Docker takes a container's memory in bytes as an int64.
+    max_memory_mb: int = Field(
+        512, ge=32, le=MAX_SIZE_MB, description="RAM for user processes, summed"
+    )
     max_cpu_cores: float = Field(0.5, gt=0, le=64)
-    max_disk_mb: int = Field(1024, ge=1, description="size of the /workspace tmpfs")
+    max_disk_mb: int = Field(1024, ge=1, le=MAX_SIZE_MB, description="size of the /workspace tmpfs")
     max_execution_time: float = Field(
         30, gt=0, description="timeout of a call that names none, seconds"
     )

@@ -20,14 +20,15 @@ constrain (the sandbox is a gVisor kernel, not an AppArmor-confined process): th
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from harombe.config import HarombeConfig, override
-from harombe.errors import UsageError
+from harombe.errors import ConfigError, UsageError
 
 __all__ = ["RunResult", "SandboxConfig", "get_default_sandbox_config"]
 
@@ -50,11 +51,11 @@ class RunResult(dict[str, Any]):
         try:
             return self[name]
         except KeyError:
-            keys = ", ".join(sorted(self))
+            keys = ", ".join(sorted(map(str, self)))  # a caller's key may not be text
             raise AttributeError(f"the run's result has no {name!r}; it has {keys}") from None
 
     def __dir__(self) -> list[str]:
-        return sorted({*super().__dir__(), *self})
+        return sorted({*super().__dir__(), *(k for k in self if isinstance(k, str))})
 
     @property
     def returncode(self) -> int | None:
@@ -117,70 +118,138 @@ def read_call(
     """The run that ``run_sandboxed(conf, code=..., ...)`` asks for. ``conf`` is a
     :class:`SandboxConfig`, a :class:`HarombeConfig`, ``None``, or (as before configs were
     accepted there) the code itself. Raises :class:`UsageError` naming the fix."""
+    network = _flag("run_sandboxed's network", network)
+    domains = _hosts("run_sandboxed's allowed_domains", allowed_domains)
+    if config is not None and not isinstance(config, HarombeConfig):
+        raise UsageError(f"run_sandboxed's config= is a harombe.config.HarombeConfig (e.g. "
+                         f"load_config()), not {type(config).__name__}")  # fmt: skip
     if isinstance(conf, str):
         if code is not None:
             raise UsageError(
                 "run_sandboxed got the code twice (first argument and code=); pass a "
                 "SandboxConfig first, or the code once"
             )
-        return Call(conf, config, network, tuple(allowed_domains))
+        return Call(conf, config, network, domains)
     if conf is None or isinstance(conf, HarombeConfig):
         if conf is not None and config is not None:
             raise UsageError("run_sandboxed got two harombe configs (first argument and "
                              "config=); pass one")  # fmt: skip
-        return Call(code, config or conf, network, tuple(allowed_domains))
+        return Call(code, config or conf, network, domains)
     if not isinstance(conf, SandboxConfig):
         raise UsageError(
             f"run_sandboxed's first argument is a config: a harombe.SandboxConfig (e.g. "
             f"get_default_sandbox_config()) or a harombe.config.HarombeConfig, not "
             f"{type(conf).__name__}; pass the code as code=..."
         )
-    return _from_sandbox_config(conf, code, config=config, network=network,
-                                allowed_domains=allowed_domains)  # fmt: skip
+    # Each field read once (a subclass's property may answer differently each time), then
+    # checked: a truthy string is not a network, a bad limit names this field, not the config's.
+    fields = {f.name: getattr(conf, f.name) for f in dataclasses.fields(SandboxConfig)}
+    return _from_sandbox_config(fields, code, config=config, network=network, domains=domains)
+
+
+def _flag(what: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise UsageError(f"{what} must be True or False, got {str(value)[:40]!r} "
+                         f"({type(value).__name__})")  # fmt: skip
+    return value
+
+
+def _hosts(what: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str | bytes):
+        raise UsageError(f"{what} is a list of host names; write [{value[:80]!r}]")
+    if not isinstance(value, Iterable):
+        raise UsageError(f"{what} is a list of host names, not {type(value).__name__}; write "
+                         "e.g. ['api.example.com']")  # fmt: skip
+    hosts = tuple(value)
+    for host in hosts:
+        if not isinstance(host, str):
+            raise UsageError(f"{what} is a list of host names (text), and holds a "
+                             f"{type(host).__name__}; write e.g. ['api.example.com']")  # fmt: skip
+    return hosts
+
+
+def _number(what: str, value: object, kinds: tuple[type, ...]) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
+        kind = "a whole number" if kinds == (int,) else "a number"
+        raise UsageError(f"SandboxConfig.{what} is {kind} or None, not {type(value).__name__} "
+                         f"{str(value)[:40]!r}")  # fmt: skip
+
+
+def _checked_types(conf: dict[str, Any]) -> tuple[HarombeConfig | None, Any, str | None]:
+    """``config``, ``venv_path`` and ``apparmor_profile_name``, each of a type they may be."""
+    own_config, venv_path, apparmor = (
+        conf["config"],
+        conf["venv_path"],
+        conf["apparmor_profile_name"],
+    )
+    if own_config is not None and not isinstance(own_config, HarombeConfig):
+        raise UsageError(f"SandboxConfig.config is a harombe.config.HarombeConfig (e.g. "
+                         f"load_config()) or None, not {type(own_config).__name__}")  # fmt: skip
+    if venv_path is not None and not isinstance(venv_path, str | os.PathLike):
+        raise UsageError(f"SandboxConfig.venv_path is a path (text) or None, not "
+                         f"{type(venv_path).__name__}")  # fmt: skip
+    if apparmor is not None and not isinstance(apparmor, str):
+        raise UsageError(f"SandboxConfig.apparmor_profile_name is text or None, not "
+                         f"{type(apparmor).__name__}")  # fmt: skip
+    return own_config, venv_path, apparmor
+
+
+def _with_limits(base: HarombeConfig | None, memory_mb: object, cpus: object) -> HarombeConfig:
+    """``base`` (or the loaded config) with SandboxConfig's limits; a bad one names its field."""
+    from harombe.config import load_config
+
+    _number("memory_mb", memory_mb, (int,))
+    _number("cpus", cpus, (int, float))
+    config = base or load_config()
+    for field, key, value in (("memory_mb", "max_memory_mb", memory_mb),
+                              ("cpus", "max_cpu_cores", cpus)):  # fmt: skip
+        try:
+            config = override(config, **{key: value})
+        except ConfigError as err:  # it names the config's key: name the field given
+            reason = str(err).partition(f"{key}': ")[2] or str(err)
+            raise UsageError(f"SandboxConfig.{field}={value!r} cannot be the sandbox's "
+                             f"limit: {reason}") from None  # fmt: skip
+    return config
 
 
 def _from_sandbox_config(
-    conf: SandboxConfig,
+    conf: dict[str, Any],
     code: str | None,
     *,
     config: HarombeConfig | None,
     network: bool,
-    allowed_domains: Sequence[str],
+    domains: tuple[str, ...],
 ) -> Call:
-    if config is not None and conf.config is not None:
+    own_config, venv_path, apparmor = _checked_types(conf)
+    if config is not None and own_config is not None:
         raise UsageError("run_sandboxed got two harombe configs (SandboxConfig.config and "
                          "config=); pass one")  # fmt: skip
-    domains = tuple(allowed_domains) or tuple(conf.allowed_domains)
-    if isinstance(conf.allowed_domains, str):
-        raise UsageError(f"SandboxConfig.allowed_domains is a list of host names; write "
-                         f"[{conf.allowed_domains!r}]")  # fmt: skip
-    if conf.allowed_domains and not conf.enable_network:
+    enable_network = _flag("SandboxConfig.enable_network", conf["enable_network"])
+    listed = _hosts("SandboxConfig.allowed_domains", conf["allowed_domains"])
+    domains = domains or listed
+    if listed and not enable_network:
         raise UsageError(
             "SandboxConfig lists allowed_domains with enable_network=False; set "
             "enable_network=True to let the code reach them, or drop the list"
         )
-    if conf.enable_network and not domains:
+    if enable_network and not domains:
         raise UsageError(
             "SandboxConfig(enable_network=True) asks for the whole network, which harombe "
             "never gives a sandbox; list the hosts the code may reach: SandboxConfig("
             "enable_network=True, allowed_domains=['api.example.com'])"
         )
-    base = config or conf.config
-    limited = conf.memory_mb is not None or conf.cpus is not None
-    if limited:
-        from harombe.config import load_config
-
-        base = override(base or load_config(), max_memory_mb=conf.memory_mb,
-                        max_cpu_cores=conf.cpus)  # fmt: skip
+    memory_mb, cpus = conf["memory_mb"], conf["cpus"]
+    limited = memory_mb is not None or cpus is not None
+    base = _with_limits(config or own_config, memory_mb, cpus) if limited else config or own_config
     warnings: tuple[str, ...] = ()
-    if conf.apparmor_profile_name:
+    if apparmor:
         warnings = (
-            f"apparmor_profile_name {conf.apparmor_profile_name!r} is not used: harombe runs "
-            "the code in a gVisor sandbox (its own kernel), not under an AppArmor profile",
+            f"apparmor_profile_name {apparmor[:80]!r} is not used: harombe runs the code in a "
+            "gVisor sandbox (its own kernel), not under an AppArmor profile",
         )
     return Call(
-        code, base, network or conf.enable_network or bool(domains), domains,
-        dependencies=venv_requirements(conf.venv_path) if conf.venv_path else (),
+        code, base, network or enable_network or bool(domains), domains,
+        dependencies=venv_requirements(venv_path) if venv_path else (),
         warnings=warnings, limited=limited,
     )  # fmt: skip
 
@@ -188,7 +257,8 @@ def _from_sandbox_config(
 def venv_requirements(venv_path: str | os.PathLike[str]) -> tuple[str, ...]:
     """The packages installed in the virtualenv at ``venv_path``, as pinned requirements
     (``name==version``), without pip and the other tools every venv has. Raises
-    :class:`UsageError` when ``venv_path`` is not a virtualenv."""
+    :class:`UsageError` when ``venv_path`` is not a virtualenv, or holds a package that did
+    not come from a package index (see :func:`_not_from_an_index`)."""
     root = Path(venv_path)
     if not (root / "pyvenv.cfg").is_file():
         raise UsageError(
@@ -197,9 +267,44 @@ def venv_requirements(venv_path: str | os.PathLike[str]) -> tuple[str, ...]:
         )
     found = [str(p) for p in sorted(root.glob("lib*/python*/site-packages")) if p.is_dir()]
     pins: dict[str, str] = {}
+    local: list[str] = []
     for dist in metadata.distributions(path=found):
         name = dist.name
         if not name or name.lower().replace("_", "-") in VENV_TOOLING:
             continue
+        why = _not_from_an_index(dist)
+        if why is not None:
+            local.append(f"{name} ({why})")
         pins.setdefault(name.lower(), f"{name}=={dist.version}")
+    if local:
+        raise UsageError(
+            f"venv_path holds packages not from a package index: {', '.join(sorted(local)[:10])}"
+            "; harombe installs a venv's packages by name and version from the configured "
+            "index, where that name may be someone else's package. Leave them out of the venv "
+            "(or install them from the index there), or copy their code in with mnt_dir"
+        )
     return tuple(pins[key] for key in sorted(pins))
+
+
+def _not_from_an_index(dist: metadata.Distribution) -> str | None:
+    """Why ``dist`` was not installed from a package index (its ``direct_url.json``, PEP 610:
+    an editable or local directory, a file or URL, a VCS checkout; or a local version label,
+    which an index never serves), or ``None``."""
+    if "+" in str(dist.version):
+        return f"local version {str(dist.version)[:40]}"
+    text = dist.read_text("direct_url.json")
+    if text is None:
+        return None
+    try:
+        direct = json.loads(text)
+    except ValueError:
+        direct = {}
+    direct = direct if isinstance(direct, dict) else {}
+    url = str(direct.get("url", ""))[:120]
+    info = direct.get("dir_info")
+    if isinstance(info, dict) and info.get("editable"):
+        return f"editable, from {url}"
+    vcs = direct.get("vcs_info")
+    if isinstance(vcs, dict):
+        return f"{str(vcs.get('vcs', 'vcs'))[:10]}, from {url}"
+    return f"from {url or 'a direct URL'}"

@@ -200,3 +200,14 @@ def test_pctx_errors_are_caught_by_their_harombe_names() -> None:
     assert raised.value.error_type == "ValueError" and "bad input" in raised.value.traceback_str
     with pytest.raises(SandboxTimeoutError):
         sleeps()
+
+
+def test_memory_mb_limits_the_run() -> None:
+    """SandboxConfig(memory_mb=64): 200 MB the code asks for is refused in the sandbox (the
+    default limit, 512 MB, would give it)."""
+    from harombe import SandboxConfig, run_sandboxed
+
+    code = "b = bytearray(200 << 20); print('got it')"
+    res, _ = run_sandboxed(SandboxConfig(memory_mb=64), code=code, timeout=30)
+    assert res.returncode != 0 and "got it" not in res.stdout, res
+    assert res.status in ("oom", "error") and "MemoryError" in (res.stderr + str(res.error))

@@ -146,6 +146,14 @@ def test_bad_timeouts_in_config_are_refused(limits: dict, needle: str) -> None:
     assert needle in str(info.value)
 
 
+@pytest.mark.parametrize("key", ["max_memory_mb", "max_disk_mb"])
+def test_sizes_beyond_what_docker_takes_are_refused_by_the_config(key: str) -> None:
+    """A memory or disk size of 10**13 MB (more than Docker's int64 of bytes) is a ConfigError
+    naming the key, not a failed Docker call at the first sandbox."""
+    with pytest.raises(ConfigError, match=rf"{key}.*less than or equal"):
+        parse_config({"security": {"sandbox": {"limits": {key: 10**13}}}})
+
+
 def test_constructor_default_above_the_ceiling_lifts_it() -> None:
     """SandboxManager(max_execution_time=900) means 900 s is allowed: the ceiling follows."""
     config = override(load_config(environ={}), max_execution_time=900)

@@ -221,3 +221,125 @@ def test_a_venvs_packages_become_pinned_dependencies(tmp_path: Path) -> None:
 def test_an_empty_venv_installs_nothing(tmp_path: Path) -> None:
     """A venv with only its tools adds no dependencies."""
     assert venv_requirements(_venv(tmp_path, ("pip", "24.0"))) == ()
+
+
+def test_a_star_import_gives_every_public_name() -> None:
+    """``from harombe import *`` brings every error, the run functions and sandbubble's config,
+    and none of the package's internals."""
+    names: dict[str, Any] = {}
+    exec("from harombe import *", names)  # the import statement under test
+    wanted = {*ERRORS, "run_sandboxed", "SandboxConfig", "get_default_sandbox_config", "sandbox"}
+    assert wanted <= set(names)
+    assert not {"TYPE_CHECKING", "logs", "config"} & set(names)
+
+
+def test_dir_lists_the_lazy_names() -> None:
+    """``dir(harombe)`` (and so completion) shows the names imported on first use."""
+    shown = dir(harombe)
+    assert {*ERRORS, "run_sandboxed", "RunResult", "sandbox"} <= set(shown)
+
+
+class _Flipping(SandboxConfig):
+    """A config whose ``enable_network`` reads False, then True, then False, …"""
+
+    reads = 0
+
+    @property  # type: ignore[override]
+    def enable_network(self) -> bool:
+        type(self).reads += 1
+        return type(self).reads % 2 == 0
+
+    @enable_network.setter
+    def enable_network(self, value: bool) -> None:
+        pass
+
+
+def test_each_field_is_read_once() -> None:
+    """A config whose fields change between reads is judged on one reading: a network that
+    read off for the checks is not on for the run."""
+    _Flipping.reads = 0
+    call = read(_Flipping())
+    assert (call.network, call.allowed_domains) == (False, ())
+
+
+@pytest.mark.parametrize(
+    ("conf", "match"),
+    [
+        (SandboxConfig(enable_network="false", allowed_domains=["api.example.com"]),  # type: ignore[arg-type]
+         r"enable_network must be True or False.*'false'"),
+        (SandboxConfig(enable_network=1, allowed_domains=["api.example.com"]),  # type: ignore[arg-type]
+         r"enable_network must be True or False"),
+        (SandboxConfig(enable_network=True, allowed_domains=[1]),  # type: ignore[list-item]
+         r"allowed_domains.*host names.*int"),
+        (SandboxConfig(venv_path=5), r"venv_path.*a path.*int"),  # type: ignore[arg-type]
+        (SandboxConfig(apparmor_profile_name=3), r"apparmor_profile_name.*int"),  # type: ignore[arg-type]
+        (SandboxConfig(memory_mb=-1), r"SandboxConfig\.memory_mb.*32"),
+        (SandboxConfig(memory_mb=float("nan")), r"SandboxConfig\.memory_mb"),  # type: ignore[arg-type]
+        (SandboxConfig(memory_mb=True), r"SandboxConfig\.memory_mb.*bool"),
+        (SandboxConfig(memory_mb=10**13), r"SandboxConfig\.memory_mb.*less than or equal"),
+        (SandboxConfig(cpus=float("nan")), r"SandboxConfig\.cpus"),
+        (SandboxConfig(cpus=10**6), r"SandboxConfig\.cpus.*64"),
+        (SandboxConfig(cpus="2"), r"SandboxConfig\.cpus.*str"),  # type: ignore[arg-type]
+        (SandboxConfig(config={"security": {}}), r"SandboxConfig\.config.*HarombeConfig"),  # type: ignore[arg-type]
+    ],
+    ids=["network-as-text", "network-as-int", "host-not-text", "venv-not-a-path",
+         "apparmor-not-text", "memory-negative", "memory-nan", "memory-bool", "memory-huge",
+         "cpus-nan", "cpus-huge", "cpus-as-text", "config-a-dict"],
+)  # fmt: skip
+def test_a_field_of_the_wrong_type_or_range_is_a_usage_error(conf: object, match: str) -> None:
+    """Every SandboxConfig field is checked before use: a wrong type or range is a UsageError
+    naming the field (a truthy string never turns the network on)."""
+    with pytest.raises(UsageError, match=match):
+        read(conf)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"allowed_domains": "api.example.com"}, r"\['api.example.com'\]"),
+        ({"network": "no"}, r"network must be True or False"),
+    ],
+    ids=["hosts-as-text", "network-as-text"],
+)
+def test_run_arguments_of_the_wrong_type_are_usage_errors(kw: dict[str, Any], match: str) -> None:
+    """run_sandboxed's own network arguments are checked the same way: one host name given as
+    text is not split into characters, a truthy string is not a network."""
+    with pytest.raises(UsageError, match=match):
+        read(None, **kw)
+
+
+@pytest.mark.parametrize(
+    ("direct_url", "version", "shown"),
+    [
+        ('{"url": "file:///src/mycorp-utils", "dir_info": {"editable": true}}', "1.2.0",
+         "editable"),
+        ('{"url": "file:///src/mycorp_utils-1.2.0-py3-none-any.whl", "archive_info": {}}',
+         "1.2.0", "file:"),
+        ('{"url": "https://git.example.org/mycorp-utils", "vcs_info": {"vcs": "git"}}', "1.2.0",
+         "git"),
+        (None, "1.2.0+corp", "local version"),
+    ],
+    ids=["editable", "local-wheel", "vcs", "local-version"],
+)  # fmt: skip
+def test_a_package_not_from_an_index_is_refused_not_fetched_by_name(
+    tmp_path: Path, direct_url: str | None, version: str, shown: str
+) -> None:
+    """A venv package installed from a directory, a file, a VCS URL, or with a local version
+    is not pinned by name: fetching ``mycorp-utils==1.2.0`` from the public index would run
+    whatever someone published under that name. The UsageError names the package and why."""
+    venv = _venv(tmp_path, ("toml", "0.10.2"), ("mycorp-utils", version))
+    if direct_url is not None:
+        site = venv / "lib" / "python3.12" / "site-packages"
+        (site / f"mycorp_utils-{version}.dist-info" / "direct_url.json").write_text(direct_url)
+    with pytest.raises(UsageError, match=rf"not from a package index: mycorp-utils \(.*{shown}"):
+        venv_requirements(venv)
+
+
+def test_a_result_with_keys_of_any_type_still_copies() -> None:
+    """A key the caller adds that is not text (``res[1] = ...``) leaves attribute reads, copies
+    and pickles working: a missing attribute is still an AttributeError."""
+    res = RunResult(RESULT)
+    res[1] = "one"
+    assert not hasattr(res, "nope")
+    assert copy.deepcopy(res) == res and pickle.loads(pickle.dumps(res)) == res
+    assert "stdout" in dir(res)
