@@ -23,18 +23,20 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import posixpath
 import secrets
 import shlex
+import tarfile
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
 
-from harombe.config import LANGUAGES, HarombeConfig
+from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import HarombeError, MountError, UsageError
 from harombe.mounts_host import (
     MountLimits,
@@ -44,6 +46,8 @@ from harombe.mounts_host import (
     snapshot,
 )
 from harombe.mounts_scan import SCAN_SOURCE, checked_scan, plan_changes, refuse_writes
+from harombe.security.approval.gate import FROM_CONFIG, HITLGate, Operation, gate_from_config
+from harombe.security.approval.policy_line import announce
 from harombe.security.runtime.manager import SandboxManager
 from harombe.security.runtime.sandbox import MNT, ExecutionResult, Sandbox
 from harombe.security.runtime.tasks import settle
@@ -77,6 +81,7 @@ def run_sandboxed(
     language: str | None = None,
     limits: MountLimits | None = None,
     config: HarombeConfig | None = None,
+    gate: HITLGate | None = FROM_CONFIG,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Run ``code`` (or the script at ``script_path`` under ``/mnt``) in a fresh sandbox with
     ``mnt_dir`` copied in at ``/mnt``; apply what the run changed there back to ``mnt_dir``.
@@ -89,10 +94,13 @@ def run_sandboxed(
     it starts and stops its own sandbox manager (from inside a running event loop it does so
     on a thread of its own); :func:`run_sandboxed_async` can reuse a started one. Raises
     :class:`MountError` for a directory that cannot be copied in, :class:`UsageError` for bad
-    arguments; user-code failures are data in ``result``."""
+    arguments, :class:`~harombe.errors.ApprovalDeniedError` when the gate refuses the run
+    (``gate`` left out: the one ``security.hitl`` describes; ``None``: no gate); user-code
+    failures are data in ``result``."""
     call = run_sandboxed_async(code, script_path=script_path, mnt_dir=mnt_dir, timeout=timeout,
                                network=network, allowed_domains=allowed_domains,
-                               language=language, limits=limits, config=config)  # fmt: skip
+                               language=language, limits=limits, config=config,
+                               gate=gate)  # fmt: skip
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -127,6 +135,7 @@ async def run_sandboxed_async(
     config: HarombeConfig | None = None,
     manager: SandboxManager | None = None,
     on_output: OutputCallback | None = None,
+    gate: HITLGate | None = FROM_CONFIG,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """:func:`run_sandboxed` for async code. With ``manager`` (started), the sandbox comes
     from it (its warm pool when offline); else one is started and stopped for this call.
@@ -144,6 +153,9 @@ async def run_sandboxed_async(
         if rel not in snap.files:
             raise UsageError(f"script_path {script_path!r} is not a file in mnt_dir "
                              f"{snap.root!r}; put it there first")  # fmt: skip
+    config = manager.config if manager is not None else (config or load_config())
+    await _decide(gate, config, code, script_path, snap, lang=lang, timeout_s=timeout,
+                  network=network, allowed_domains=allowed_domains)  # fmt: skip
     if manager is not None:
         return await _run(manager, code, script_path, snap, lang=lang, timeout_s=timeout,
                           network=network, allowed_domains=allowed_domains, limits=limits,
@@ -152,6 +164,46 @@ async def run_sandboxed_async(
         return await _run(own, code, script_path, snap, lang=lang, timeout_s=timeout,
                           network=network, allowed_domains=allowed_domains, limits=limits,
                           on_output=on_output)  # fmt: skip
+
+
+async def _decide(
+    gate: HITLGate | None, config: HarombeConfig, code: str | None, script_path: str | None,
+    snap: Snapshot | None, *, lang: str, timeout_s: float | None, network: bool,
+    allowed_domains: Sequence[str],
+) -> None:  # fmt: skip
+    """The gate's decision on the run, before any sandbox is made (``FROM_CONFIG``: the gate
+    of ``config``); :class:`~harombe.errors.ApprovalDeniedError` when it is not approved. The
+    gate judges the program's own text: ``code``, or the script as it will be copied in."""
+    if gate is FROM_CONFIG:
+        gate = gate_from_config(config)
+        announce(gate, "run_sandboxed")
+    if gate is None:
+        return
+    default_s = float(config.security.sandbox.limits.max_execution_time)
+    params = {
+        "language": lang, "code": code if code is not None else _script_text(snap, script_path),
+        "sandbox_id": None, "timeout": default_s if timeout_s is None else timeout_s,
+        "timeout_default_s": default_s, "network_enabled": network,
+        "allowed_domains": list(allowed_domains), "fresh": True,
+        "mnt_dir": snap.root if snap is not None else None,
+    }  # fmt: skip
+    decision = await gate.check_approval(Operation("code_execute", params))
+    if not decision.approved:
+        raise decision.error()
+
+
+def _script_text(snap: Snapshot | None, script_path: str | None) -> str:
+    """The script at ``script_path`` as the sandbox gets it: from the snapshot's archives."""
+    rel = posixpath.normpath(script_path or "")[len(MNT) + 1 :]
+    for archive in snap.archives if snap is not None else ():
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            try:
+                member = tar.extractfile(rel)
+            except KeyError:
+                continue
+            if member is not None:
+                return member.read().decode("utf-8", "replace")
+    return f"# {script_path} (its text could not be read)\n"
 
 
 def _language(code: object, script_path: object, language: str | None) -> str:
