@@ -14,7 +14,6 @@ misspelt limit that is silently ignored is a limit that does not exist.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,6 +31,7 @@ from pydantic import (
 )
 
 from harombe.config_environments import ENVIRONMENT_NAME, EnvironmentConfig, InstallCacheConfig
+from harombe.config_hitl import HITLConfig
 from harombe.config_service import ServiceConfig
 from harombe.errors import ConfigError
 
@@ -229,66 +229,6 @@ class SandboxConfig(_Strict):
         """The image configured for ``language`` (the default image if the entry is missing)."""
         entry = self.languages.get(language)
         return entry.image if entry else DEFAULT_IMAGE
-
-
-class HITLRuleConfig(_Strict):
-    """A custom rule, appended to the default sandbox rules (the highest matching risk wins)."""
-
-    tools: list[str] = Field(min_length=1)
-    risk: Literal["low", "medium", "high", "critical", "LOW", "MEDIUM", "HIGH", "CRITICAL"]
-    require_approval: bool = True
-    timeout: float | None = Field(None, gt=0, description="approval timeout, seconds")
-    conditions: list[dict[str, Any]] = Field(default_factory=list)
-    description: str = ""
-
-
-#: ``security.hitl.auto_approve_up_to``: the highest risk that runs without asking; ``none``:
-#: every call that needs approval is asked.
-AutoLevel = Literal["none", "low", "medium", "high", "critical"]
-#: ``security.hitl.approver``'s named choices (anything else is a dotted path to a callable).
-APPROVER_CHOICES = ("auto", "terminal", "deny")
-_DOTTED = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*([:.][A-Za-z_][A-Za-z0-9_]*)$"
-
-
-class HITLConfig(_Strict):
-    """The approval policy of every surface (docs/hitl.md, "One policy"): calls at or below
-    ``auto_approve_up_to`` run at once; above it ``approver`` is asked, or the call is denied
-    at once where nobody can be asked."""
-
-    enabled: bool = True
-    # Left out: HIGH, or nothing when auto_approve_low_risk is false (an old config that
-    # turned auto-approval off keeps it off). Given: it alone decides.
-    auto_approve_up_to: AutoLevel | None = None
-    # Older switch, kept for existing configs; see auto_approve_up_to.
-    auto_approve_low_risk: bool = True
-    # auto: each surface asks who it can (terminal when stdin is one, the approvals page,
-    # MCP elicitation), else denies; terminal; deny; or package.module:callable.
-    approver: str = "auto"
-    # Custom rules; each is checked again (regular expressions, operators) when the gate is built.
-    rules: list[HITLRuleConfig] = Field(default_factory=list)
-
-    @field_validator("auto_approve_up_to", mode="before")
-    @classmethod
-    def _level_lower(cls, value: object) -> object:
-        return value.lower() if isinstance(value, str) else value
-
-    @field_validator("approver")
-    @classmethod
-    def _approver(cls, value: str) -> str:
-        if value in APPROVER_CHOICES or re.fullmatch(_DOTTED, value):
-            return value
-        raise ValueError(
-            f"approver must be auto, terminal, deny or the dotted path of an approver callable "
-            f"such as 'mypackage.approvals:ask_slack' (got {value[:80]!r}); fix the spelling"
-        )
-
-    @property
-    def auto_level(self) -> str:
-        """The effective automatic level: ``auto_approve_up_to`` when given, else ``high``
-        (``none`` when ``auto_approve_low_risk`` is false)."""
-        if self.auto_approve_up_to is not None:
-            return self.auto_approve_up_to
-        return "high" if self.auto_approve_low_risk else "none"
 
 
 class ProfilesConfig(_Strict):

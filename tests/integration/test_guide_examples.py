@@ -75,7 +75,7 @@ async def test_install_examples(docker_manager: DockerManager) -> None:
     """The guide's requests==2.31.0 and axios@1.6.0 install-then-use examples."""
     sandbox_manager = SandboxManager(docker_manager=docker_manager, runtime="runsc")
     await sandbox_manager.start()
-    tools = CodeExecutionTools(sandbox_manager=sandbox_manager)
+    tools = CodeExecutionTools(sandbox_manager=sandbox_manager, hitl_gate=None)
     try:
         result = await tools.code_execute(
             language="python",
@@ -158,7 +158,7 @@ async def test_custom_limits_with_a_per_execution_override(docker_manager: Docke
         max_execution_time=60,  # 60 seconds
     )
     await sandbox_manager.start()
-    tools = CodeExecutionTools(sandbox_manager=sandbox_manager)
+    tools = CodeExecutionTools(sandbox_manager=sandbox_manager, hitl_gate=None)
     try:
         result = await tools.code_execute(
             language="python",

@@ -134,7 +134,8 @@ def room(module: str) -> str:
 
 
 #: The base room: configuration, errors, logging, and the reading of profile files.
-BASE = {"harombe.config", "harombe.config_environments", "harombe.config_service",
+BASE = {"harombe.config", "harombe.config_environments", "harombe.config_hitl",
+        "harombe.config_service",
         "harombe.errors", "harombe.logs", "harombe.profile_files"}  # fmt: skip
 #: The modules above every room: the package, the CLI (``harombe.__main__`` and every
 #: ``harombe.cli`` module), the security package's docstring.

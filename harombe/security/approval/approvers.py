@@ -24,7 +24,8 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from harombe.errors import ConfigError
-from harombe.security.approval.gate import ApprovalRequest, ApprovalResponse, Approver, RiskLevel
+from harombe.security.approval.request import ApprovalRequest, ApprovalResponse, Approver
+from harombe.security.policy.rules import RiskLevel
 
 #: Parameters shown as code blocks rather than ``key: value`` lines.
 CODE_PARAMS = ("code", "content")

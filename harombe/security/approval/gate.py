@@ -29,13 +29,18 @@ import enum
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 import structlog
 
 from harombe.errors import ApprovalDeniedError
+from harombe.security.approval.approvers import (
+    TerminalApprover,
+    approver_from_config,
+    stdin_is_tty,
+)
+from harombe.security.approval.request import ApprovalRequest, ApprovalResponse, Approver
 from harombe.security.policy.classifier import Assessment, RiskClassifier
 from harombe.security.policy.risk_table import get_sandbox_hitl_rules
 from harombe.security.policy.rules import (
@@ -57,36 +62,6 @@ __all__ = [
     "HITLGate", "HITLRule", "Operation", "Reason", "RiskClassifier", "RiskLevel",
     "gate_from_config",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ApprovalRequest:
-    """What an approver is shown: the operation, its risk, why, and how long it has."""
-
-    operation: Operation
-    risk: RiskLevel
-    reasons: tuple[Reason, ...]
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class ApprovalResponse:
-    """An approver's answer. ``scope="sandbox"`` approves the same findings (each reason's
-    :attr:`Reason.grant_key`) for the rest of the sandbox's life, never a new one;
-    ``approver`` names who answered (for the audit log)."""
-
-    approved: bool
-    scope: Literal["once", "sandbox"] = "once"
-    approver: str | None = None
-    comment: str | None = None
-
-
-#: Any callable taking an :class:`ApprovalRequest` and returning (or resolving to) a bool or
-#: an :class:`ApprovalResponse`. Sync callables run in a worker thread, so one that blocks (on
-#: a terminal, a queue, a web request) does not stall the event loop.
-Approver: TypeAlias = Callable[
-    [ApprovalRequest], "bool | ApprovalResponse | Awaitable[bool | ApprovalResponse]"
-]
 
 
 class ApprovalStatus(enum.StrEnum):
@@ -261,8 +236,6 @@ class HITLGate:
         """The approver to ask: the one given, else a terminal when stdin is one."""
         if self.approver is not None:
             return self.approver
-        from harombe.security.approval.approvers import TerminalApprover, stdin_is_tty
-
         if self._terminal is None and stdin_is_tty():
             self._terminal = TerminalApprover()
         return self._terminal
@@ -354,8 +327,6 @@ def gate_from_config(
     stdin is one, and otherwise an approver that denies at once, saying how to get approvals
     (see :func:`~harombe.security.approval.approvers.approver_from_config`). A bad dotted path
     is a :class:`~harombe.errors.ConfigError`."""
-    from harombe.security.approval.approvers import approver_from_config
-
     hitl = config.security.hitl
     if not hitl.enabled:
         return None
