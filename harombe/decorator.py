@@ -76,7 +76,7 @@ _state_lock = threading.RLock()  # reentrant: a signal handler may call in while
 _runner: Runner | None = None
 _default_gate: HITLGate | None = None
 _config: HarombeConfig | None = None
-_config_gate: list[HITLGate | None] = []  # the config's gate, once built (reset by configure)
+_config_gate: list[tuple[Runner, HITLGate | None]] = []  # the runner's config's gate, once built
 
 
 def configure(*, config: HarombeConfig | None = None, gate: HITLGate | None = None) -> None:
@@ -109,16 +109,17 @@ def runner() -> Runner:
         return _runner
 
 
-def _gate_of_config() -> HITLGate | None:
-    """The gate ``security.hitl`` describes, built on first use (its policy logged once)."""
+def _gate_of_config(current: Runner) -> HITLGate | None:
+    """The gate the ``security.hitl`` of ``current``'s config describes, built on first use
+    (its policy logged once)."""
     with _state_lock:
-        if not _config_gate:
+        if not _config_gate or _config_gate[0][0] is not current:
             from harombe.config import load_config
 
-            gate = gate_from_config(_config or load_config())
+            gate = gate_from_config(current.config or load_config())
             announce(gate, "decorator")
-            _config_gate.append(gate)
-        return _config_gate[0]
+            _config_gate[:] = [(current, gate)]
+        return _config_gate[0][1]
 
 
 def _check_gate(gate: object) -> None:
@@ -211,9 +212,9 @@ def _prepare(spec: CallSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> 
     gate filled in. The arguments are pickled first (that runs their code, which may call
     configure()); the runner is then looked up once, so a call never spans two runners."""
     data = dumps_call(fn, tuple(args), dict(kwargs))
-    if spec.gate is None:
-        spec = dataclasses.replace(spec, gate=_default_gate or _gate_of_config())
     current = runner()
+    if spec.gate is None:
+        spec = dataclasses.replace(spec, gate=_default_gate or _gate_of_config(current))
     return current, run_call(current, spec, data)
 
 
