@@ -399,3 +399,54 @@ def test_human_marks_client_tokens_only() -> None:
     with pytest.raises(ConfigError, match="drop human"):
         parse_config({"service": {"tokens": [
             {"name": "judge", "token": token, "role": "approver", "human": True}]}})  # fmt: skip
+
+
+# ---- the commands' start-up line ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "line"),
+    [({}, "harombe run: approvals: none asked: you chose this program (a security.hitl "
+          "section in the config gates it)"),
+     ({"HAROMBE__SECURITY__HITL__ENABLED": "true"},
+      f"harombe run: approvals: calls up to HIGH run at once; CRITICAL calls are {NO_TERMINAL}")],
+    ids=["ungated", "gated"],
+)  # fmt: skip
+def test_harombe_run_says_its_policy_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    no_tty: None, env: dict[str, str], line: str,
+) -> None:  # fmt: skip
+    """harombe run's first line on stderr is its policy; the gate it builds reaches the run."""
+    from harombe.cli import main as cli_main
+
+    for name in [n for n in os.environ if n.startswith("HAROMBE")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    seen: list[Any] = []
+
+    async def program(config: Any, **kwargs: Any) -> dict[str, Any]:
+        seen.append(kwargs["gate"])
+        return {"status": "ok", "exit_code": 0, "stdout": "", "stderr": ""}
+
+    monkeypatch.setattr("harombe.cli.run.run_program", program)
+    (tmp_path / "x.py").write_text("print(1)")
+    assert cli_main(["run", str(tmp_path / "x.py")]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == line
+    assert (seen[0] is not None) is bool(env)
+
+
+def test_harombe_shell_says_its_policy_first(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """harombe shell's first line: nothing is gated, you type every command."""
+    from harombe.cli import main as cli_main
+
+    async def session(*_: Any, **__: Any) -> int:
+        return 0
+
+    monkeypatch.setattr("harombe.cli.shell._shell", session)
+    assert cli_main(["shell"]) == 0
+    assert capsys.readouterr().err.splitlines()[0] == (
+        "harombe shell: approvals: none asked: you type every command in this shell yourself"
+    )
