@@ -73,7 +73,8 @@ The person who runs this command chose the program, so the HITL gate asks only w
 config (file or HAROMBE__SECURITY__HITL__* variables) has a security.hitl section that
 leaves it enabled: then a run above security.hitl.auto_approve_up_to (default high) is
 shown on the terminal and runs only on a yes, and without a terminal on stdin it is refused.
-The first line on stderr says which policy is in force.
+The first line on stderr says which policy is in force (when a gate is, or stderr is a
+terminal: otherwise stderr carries the program's own output only).
 """
 
 
@@ -345,7 +346,9 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         gate = command_gate(loaded, config)
     except HarombeError as exc:  # UsageError, ConfigError: how it was asked
         return say_error(NAME, exc, EXIT_USAGE)
-    say_error(NAME, policy_line(gate, "run"))
+    if gate is not None or sys.stderr.isatty():
+        # Ungated and piped, stderr stays exactly the program's own (`2>err`, pipelines).
+        say_error(NAME, policy_line(gate, "run"))
     if allowed_domains and network is None:
         network = True
 

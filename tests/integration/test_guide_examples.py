@@ -1,5 +1,6 @@
 """The usage guide's examples, run as written (registry hosts read from this machine's config)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -128,8 +129,12 @@ console.log('Axios loaded');
 
 def test_data_processing_pipeline_runs_end_to_end() -> None:
     """docs/examples/data_pipeline.py: pandas installed, CSV processed, results read back."""
+    # Its first call asks for network, which is CRITICAL: the default policy asks a person,
+    # and nobody is at this test's terminal, so CRITICAL runs unasked here.
+    unattended = {**os.environ, "HAROMBE__SECURITY__HITL__AUTO_APPROVE_UP_TO": "critical"}
     out = subprocess.run(
         [sys.executable, str(REPO / "docs/examples/data_pipeline.py")],
+        env=unattended,
         capture_output=True,
         text=True,
         timeout=900,
