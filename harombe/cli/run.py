@@ -178,6 +178,13 @@ def command_gate(loaded: HarombeConfig, config: HarombeConfig) -> Any:
     return gate_from_config(config, surface_approver=ask_on_terminal if stdin_is_tty() else None)
 
 
+def say_policy(gate: Any) -> None:
+    """The policy line on stderr, when a gate is in force or stderr is a terminal: ungated and
+    piped, stderr stays exactly the program's own (``2>err``, pipelines)."""
+    if gate is not None or sys.stderr.isatty():
+        say_error(NAME, policy_line(gate, "run"))
+
+
 class Output:
     """The program's output passed through as it comes, on the stream it was written to: to a
     pipe or file as it is, to a terminal as plain text and colours (:class:`PlainText`: the
@@ -346,9 +353,7 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         gate = command_gate(loaded, config)
     except HarombeError as exc:  # UsageError, ConfigError: how it was asked
         return say_error(NAME, exc, EXIT_USAGE)
-    if gate is not None or sys.stderr.isatty():
-        # Ungated and piped, stderr stays exactly the program's own (`2>err`, pipelines).
-        say_error(NAME, policy_line(gate, "run"))
+    say_policy(gate)
     if allowed_domains and network is None:
         network = True
 
