@@ -80,7 +80,10 @@ async def main(runs: int) -> None:
     await docker_manager.start()
     manager = SandboxManager(docker_manager)
     await manager.start()
-    plain, gated = CodeExecutionTools(manager), CodeExecutionTools(manager, hitl_gate=gate)
+    plain, gated = (
+        CodeExecutionTools(manager, hitl_gate=None),
+        CodeExecutionTools(manager, hitl_gate=gate),
+    )
     try:
         sid = (await plain.code_execute(language="python", code="pass"))["sandbox_id"]
         without, with_gate = [], []

@@ -156,7 +156,7 @@ async def main(args: argparse.Namespace) -> None:
     await docker_manager.start()
     manager = SandboxManager(docker_manager, config=config(args.pool, args.cpus))
     await manager.start()
-    tools = CodeExecutionTools(manager)
+    tools = CodeExecutionTools(manager, hitl_gate=None)
     lag = LoopLag()
     try:
         await manager.wait_pool_settled()

@@ -46,7 +46,7 @@ async def library(runs: int) -> list[float]:
     manager = SandboxManager(docker_manager=docker_manager, config=config)
     await manager.start()
     try:
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         sid = (await tools.code_execute(**CALL))["sandbox_id"]
         samples = []
         for _ in range(runs):

@@ -62,7 +62,7 @@ async def main(runs: int) -> None:
     await docker_manager.start()
     manager = SandboxManager(docker_manager, config=config())
     await manager.start()
-    tools = CodeExecutionTools(manager)
+    tools = CodeExecutionTools(manager, hitl_gate=None)
     try:
         manager.prewarm("python", profile=tools.profiles.get("data-science"))
         await manager.wait_pool_settled()

@@ -93,7 +93,10 @@ async def main(runs: int, seconds: float, cpu_cores: float | None) -> None:
     await warm.start()
     await cold.start()
     image = warm.sandbox_config.image_for("python")
-    tools, cold_tools = CodeExecutionTools(warm), CodeExecutionTools(cold)
+    tools, cold_tools = (
+        CodeExecutionTools(warm, hitl_gate=None),
+        CodeExecutionTools(cold, hitl_gate=None),
+    )
     existing, docker_exec, new_warm, new_cold, raw_cold, raw_capped = [], [], [], [], [], []
     try:
         await warm.wait_pool_settled()

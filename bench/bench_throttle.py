@@ -39,7 +39,7 @@ async def measure(docker: DockerManager, cpu_cores: float, pause_s: float, calls
     manager = SandboxManager(docker_manager=docker, runtime="runsc", max_cpu_cores=cpu_cores)
     await manager.start()
     try:
-        tools = CodeExecutionTools(sandbox_manager=manager)
+        tools = CodeExecutionTools(sandbox_manager=manager, hitl_gate=None)
         made = await tools.code_execute(language="python", code="pass")
         sid = made["sandbox_id"]
         container_id = manager.get(sid).container_id

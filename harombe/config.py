@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from harombe.config_environments import ENVIRONMENT_NAME, EnvironmentConfig, InstallCacheConfig
+from harombe.config_hitl import HITLConfig
 from harombe.config_registries import MAX_REGISTRY_URLS, is_host_name, registry_entry, url_host
 from harombe.config_service import ServiceConfig
 from harombe.errors import ConfigError
@@ -218,24 +219,6 @@ class SandboxConfig(_Strict):
         """The image configured for ``language`` (the default image if the entry is missing)."""
         entry = self.languages.get(language)
         return entry.image if entry else DEFAULT_IMAGE
-
-
-class HITLRuleConfig(_Strict):
-    """A custom rule, appended to the default sandbox rules (the highest matching risk wins)."""
-
-    tools: list[str] = Field(min_length=1)
-    risk: Literal["low", "medium", "high", "critical", "LOW", "MEDIUM", "HIGH", "CRITICAL"]
-    require_approval: bool = True
-    timeout: float | None = Field(None, gt=0, description="approval timeout, seconds")
-    conditions: list[dict[str, Any]] = Field(default_factory=list)
-    description: str = ""
-
-
-class HITLConfig(_Strict):
-    enabled: bool = True
-    auto_approve_low_risk: bool = True
-    # Custom rules; each is checked again (regular expressions, operators) when the gate is built.
-    rules: list[HITLRuleConfig] = Field(default_factory=list)
 
 
 class ProfilesConfig(_Strict):

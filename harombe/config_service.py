@@ -21,13 +21,16 @@ class TokenConfig(_Strict):
     """One bearer token of the HTTP service. Give exactly one of ``token`` (the secret itself;
     hashed as soon as it is read, never kept), ``sha256`` (its hex digest) or ``env`` (the name
     of an environment variable holding it). ``role: approver`` may decide approvals; a client
-    (an agent) may not, so it can never approve its own calls."""
+    (an agent) may not, so it can never approve its own calls. ``human: true`` marks a client
+    token that a person operates (a desktop MCP client, say): its MCP elicitation answers may
+    approve its own calls; any other client's held calls wait on the approvals page."""
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     token: str | None = Field(None, min_length=16, max_length=512, repr=False)
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     role: Literal["client", "approver"] = "client"
+    human: bool = False
     max_sandboxes: int = Field(8, ge=1, le=10_000, description="live sandboxes at once")
     max_concurrent_runs: int = Field(4, ge=1, le=10_000, description="calls running at once")
 
@@ -42,6 +45,12 @@ class TokenConfig(_Strict):
             raise ValueError(
                 f"token {str(data.get('name'))[:64]!r} must give exactly one of token, sha256 "
                 f"or env (got {', '.join(given) or 'none'})"
+            )
+        if data.get("human") is True and data.get("role") == "approver":
+            raise ValueError(
+                f"token {str(data.get('name'))[:64]!r}: human marks a client token whose MCP "
+                "elicitation answers may approve its own calls; an approver token runs nothing, "
+                "so drop human (or make it a client)"
             )
         secret = data.get("token")
         if isinstance(secret, str):

@@ -35,7 +35,9 @@ and it has the sandbox's clean environment, never the host's variables.
   it changes nothing: every call gets a fresh sandbox anyway.
 * ``gate``: a :class:`~harombe.security.hitl.HITLGate`; each call is then decided before it
   runs (see :mod:`harombe.decorator_call`), and a denial raises
-  :class:`~harombe.errors.ApprovalDeniedError`. :func:`configure` sets a default gate.
+  :class:`~harombe.errors.ApprovalDeniedError`. :func:`configure` sets a default gate; without
+  either, the gate the configuration describes (``security.hitl``, with its approver) decides,
+  and none when ``security.hitl.enabled`` is false.
 
 A remote exception raises :class:`~harombe.errors.SandboxExecutionError`
 (``"{type}: {message}\\n{traceback}"``, with ``error_type`` and ``traceback_str``). Sync functions
@@ -64,7 +66,8 @@ from harombe.errors import (
     InvalidArgumentError,
     PackageSpecError,
 )
-from harombe.security.approval.gate import HITLGate
+from harombe.security.approval.gate import HITLGate, gate_from_config
+from harombe.security.approval.policy_line import announce
 from harombe.security.policy.netpolicy import Allowlist
 from harombe.security.policy.package_specs import parse_spec
 
@@ -73,6 +76,7 @@ _state_lock = threading.RLock()  # reentrant: a signal handler may call in while
 _runner: Runner | None = None
 _default_gate: HITLGate | None = None
 _config: HarombeConfig | None = None
+_config_gate: list[tuple[Runner, HITLGate | None]] = []  # the runner's config's gate, once built
 
 
 def configure(*, config: HarombeConfig | None = None, gate: HITLGate | None = None) -> None:
@@ -85,6 +89,7 @@ def configure(*, config: HarombeConfig | None = None, gate: HITLGate | None = No
     _check_gate(gate)
     with _state_lock:
         old, _runner, _default_gate, _config = _runner, None, gate, config
+        _config_gate.clear()
     if old is not None:
         old.shutdown()
 
@@ -102,6 +107,19 @@ def runner() -> Runner:
         if _runner is None:
             _runner = Runner(_config)
         return _runner
+
+
+def _gate_of_config(current: Runner) -> HITLGate | None:
+    """The gate the ``security.hitl`` of ``current``'s config describes, built on first use
+    (its policy logged once)."""
+    with _state_lock:
+        if not _config_gate or _config_gate[0][0] is not current:
+            from harombe.config import load_config
+
+            gate = gate_from_config(current.config or load_config())
+            announce(gate, "decorator")
+            _config_gate[:] = [(current, gate)]
+        return _config_gate[0][1]
 
 
 def _check_gate(gate: object) -> None:
@@ -194,9 +212,9 @@ def _prepare(spec: CallSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> 
     gate filled in. The arguments are pickled first (that runs their code, which may call
     configure()); the runner is then looked up once, so a call never spans two runners."""
     data = dumps_call(fn, tuple(args), dict(kwargs))
-    if spec.gate is None and _default_gate is not None:
-        spec = dataclasses.replace(spec, gate=_default_gate)
     current = runner()
+    if spec.gate is None:
+        spec = dataclasses.replace(spec, gate=_default_gate or _gate_of_config(current))
     return current, run_call(current, spec, data)
 
 

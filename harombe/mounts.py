@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from harombe.config import LANGUAGES, HarombeConfig
+from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import (
     DependencyInstallError,
     HarombeError,
@@ -44,6 +44,7 @@ from harombe.errors import (
     UsageError,
 )
 from harombe.mounts_compat import RunResult, SandboxConfig, get_default_sandbox_config, read_call
+from harombe.mounts_gate import decide_run
 from harombe.mounts_host import (
     MountLimits,
     Plan,
@@ -52,6 +53,7 @@ from harombe.mounts_host import (
     snapshot,
 )
 from harombe.mounts_scan import SCAN_SOURCE, checked_scan, plan_changes, refuse_writes
+from harombe.security.approval.gate import FROM_CONFIG, HITLGate
 from harombe.security.runtime.manager import SandboxManager
 from harombe.security.runtime.sandbox import MNT, ExecutionResult, Sandbox
 from harombe.security.runtime.tasks import settle
@@ -94,6 +96,7 @@ def run_sandboxed(
     language: str | None = None,
     limits: MountLimits | None = None,
     config: HarombeConfig | None = None,
+    gate: HITLGate | None = FROM_CONFIG,
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """Run ``code`` (or the script at ``script_path`` under ``/mnt``) in a fresh sandbox with
     ``mnt_dir`` copied in at ``/mnt``; apply what the run changed there back to ``mnt_dir``.
@@ -112,10 +115,13 @@ def run_sandboxed(
     it starts and stops its own sandbox manager (from inside a running event loop it does so
     on a thread of its own); :func:`run_sandboxed_async` can reuse a started one. Raises
     :class:`MountError` for a directory that cannot be copied in, :class:`UsageError` for bad
-    arguments; user-code failures are data in ``result``."""
+    arguments, :class:`~harombe.errors.ApprovalDeniedError` when the gate refuses the run
+    (``gate`` left out: the one ``security.hitl`` describes; ``None``: no gate); user-code
+    failures are data in ``result``."""
     call = run_sandboxed_async(conf, code, script_path=script_path, mnt_dir=mnt_dir,
                                timeout=timeout, network=network, allowed_domains=allowed_domains,
-                               language=language, limits=limits, config=config)  # fmt: skip
+                               language=language, limits=limits, config=config,
+                               gate=gate)  # fmt: skip
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -152,6 +158,7 @@ async def run_sandboxed_async(
     config: HarombeConfig | None = None,
     manager: SandboxManager | None = None,
     on_output: OutputCallback | None = None,
+    gate: HITLGate | None = FROM_CONFIG,
 ) -> tuple[RunResult, list[dict[str, Any]]]:
     """:func:`run_sandboxed` for async code. With ``manager`` (started), the sandbox comes
     from it (its warm pool when offline); else one is started and stopped for this call.
@@ -180,6 +187,9 @@ async def run_sandboxed_async(
         raise UsageError(f"venv_path's packages are for Python code, not {lang}; leave "
                          "venv_path out of the SandboxConfig")  # fmt: skip
     deps = asked.dependencies
+    config = manager.config if manager is not None else (config or load_config())
+    await decide_run(gate, config, code, script_path, snap, lang=lang, timeout_s=timeout,
+                     network=network, allowed_domains=allowed_domains)  # fmt: skip
     if manager is not None:
         out, changed = await _run(manager, code, script_path, snap, lang=lang,
                                   timeout_s=timeout, network=network,

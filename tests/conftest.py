@@ -53,7 +53,7 @@ async def sandbox_manager(docker_manager: DockerManager) -> AsyncIterator[Sandbo
 
 @pytest.fixture(scope="session")
 async def tools(sandbox_manager: SandboxManager) -> CodeExecutionTools:
-    return CodeExecutionTools(sandbox_manager=sandbox_manager)
+    return CodeExecutionTools(sandbox_manager=sandbox_manager, hitl_gate=None)
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,11 @@ Claude Desktop, Cursor and other clients start it themselves, e.g.:
   {"mcpServers": {"harombe": {"command": "harombe", "args": ["mcp"]}}}
 
 Sandboxes live between calls (pass a result's sandbox_id) and are all removed
-when the client disconnects. Calls the HITL gate holds are put to the person
-at the client through MCP elicitation; a client without elicitation gets them
-denied. Logs go to stderr; stdout carries the protocol.
+when the client disconnects. Calls up to security.hitl.auto_approve_up_to
+(default high: plain code) run at once; calls above it are put to the person
+at the client through MCP elicitation, and a client without elicitation gets
+them denied at once with the reason. The first line on stderr says so. Logs
+go to stderr; stdout carries the protocol.
 """
 
 

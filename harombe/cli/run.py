@@ -30,6 +30,9 @@ from harombe.cli.run_mnt import check_mnt, mnt_exit_code, mnt_report, run_mounte
 from harombe.cli.screen import RESET, PlainText
 from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import HarombeError, UsageError
+from harombe.security.approval.approvers import HELD_ON_TERMINAL, stdin_is_tty
+from harombe.security.approval.gate import gate_from_config
+from harombe.security.approval.policy_line import policy_line
 
 NAME = "harombe run"
 #: File name endings and the language they mean.
@@ -69,8 +72,10 @@ Exit codes:
 
 The person who runs this command chose the program, so the HITL gate asks only when the
 config (file or HAROMBE__SECURITY__HITL__* variables) has a security.hitl section that
-leaves it enabled: then a run that needs approval is shown on the terminal and runs only on
-a yes, and without a terminal on stdin it is refused.
+leaves it enabled: then a run above security.hitl.auto_approve_up_to (default high) is
+shown on the terminal and runs only on a yes, and without a terminal on stdin it is refused.
+The first line on stderr says which policy is in force (when a gate is, or stderr is a
+terminal: otherwise stderr carries the program's own output only).
 """
 
 
@@ -159,6 +164,25 @@ async def ask_on_terminal(request: Any) -> Any:
     return ApprovalResponse(await answer, approver="harombe run")
 
 
+ask_on_terminal.held_calls = HELD_ON_TERMINAL  # type: ignore[attr-defined]
+
+
+def command_gate(loaded: HarombeConfig, config: HarombeConfig) -> Any:
+    """The gate of ``harombe run``: none unless the config asks for one
+    (:func:`~harombe.cli.common.hitl_requested`); then the config's, asking on this terminal
+    (or the approver ``security.hitl.approver`` names). A bad approver is a ConfigError."""
+    if not hitl_requested(loaded):
+        return None
+    return gate_from_config(config, surface_approver=ask_on_terminal if stdin_is_tty() else None)
+
+
+def say_policy(gate: Any) -> None:
+    """The policy line on stderr, when a gate is in force or stderr is a terminal: ungated and
+    piped, stderr stays exactly the program's own (``2>err``, pipelines)."""
+    if gate is not None or sys.stderr.isatty():
+        say_error(NAME, policy_line(gate, "run"))
+
+
 class Output:
     """The program's output passed through as it comes, on the stream it was written to: to a
     pipe or file as it is, to a terminal as plain text and colours (:class:`PlainText`: the
@@ -237,18 +261,16 @@ async def run_program(
     network: bool | None,
     allowed_domains: Sequence[str],
     profile: str | None,
-    gated: bool,
+    gate: Any,
     output: Output,
     packages: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run ``code`` in a new sandbox (with ``packages`` installed first), its output
-    streamed; the ``code_execute`` result. With ``gated``, the HITL gate the config describes
-    decides each step first, asking on the terminal."""
-    from harombe.security.approval.gate import gate_from_config
+    streamed; the ``code_execute`` result. With a ``gate`` (:func:`command_gate`), it
+    decides each step first."""
     from harombe.tools.code_execution import CodeExecutionTools
 
     async with started_manager(config) as manager:
-        gate = gate_from_config(config, approver=ask_on_terminal) if gated else None
         tools = CodeExecutionTools(manager, gate)
         sandbox_id = None
         if packages:
@@ -331,9 +353,11 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
             raise UsageError("--install and --profile cannot be combined: a profile's sandbox "
                              "takes no installs; drop one of them")  # fmt: skip
         if mnt_dir is not None:
-            check_mnt(packages=packages, profile=profile, gated=hitl_requested(loaded))
+            check_mnt(packages=packages, profile=profile)
+        gate = command_gate(loaded, config)
     except HarombeError as exc:  # UsageError, ConfigError: how it was asked
         return say_error(NAME, exc, EXIT_USAGE)
+    say_policy(gate)
     if allowed_domains and network is None:
         network = True
 
@@ -344,12 +368,12 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
                 result = await run_mounted(config, mnt_dir=mnt_dir, language=chosen, code=code,
                                            timeout_s=timeout_s, network=network,
                                            allowed_domains=allowed_domains,
-                                           on_output=output.write)  # fmt: skip
+                                           on_output=output.write, gate=gate)  # fmt: skip
             else:
                 result = await run_program(config, language=chosen, code=code,
                                            timeout_s=timeout_s, network=network,
                                            allowed_domains=allowed_domains, profile=profile,
-                                           gated=hitl_requested(loaded), output=output,
+                                           gate=gate, output=output,
                                            packages=packages)  # fmt: skip
         except HarombeError as exc:  # Docker away, image missing, runtime not registered
             return say_error(NAME, exc)

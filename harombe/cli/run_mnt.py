@@ -12,31 +12,29 @@ from harombe.config import HarombeConfig
 from harombe.errors import UsageError
 
 
-def check_mnt(*, packages: Sequence[str], profile: str | None, gated: bool) -> None:
+def check_mnt(*, packages: Sequence[str], profile: str | None) -> None:
     """:class:`UsageError` for what ``--mnt`` does not combine with."""
     if packages or profile:
         raise UsageError("--mnt cannot be combined with --install or --profile; run the "
                          "program with --mnt alone")  # fmt: skip
-    if gated:
-        raise UsageError("--mnt does not run behind the HITL gate the config enables "
-                         "(security.hitl); run it with a config without that section")  # fmt: skip
 
 
 async def run_mounted(
     config: HarombeConfig, *, mnt_dir: str, language: str, code: str,
     timeout_s: float | None, network: bool | None, allowed_domains: Sequence[str],
-    on_output: Callable[[str, bytes], Any],
+    on_output: Callable[[str, bytes], Any], gate: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run ``code`` in a new sandbox with ``mnt_dir`` copied in at ``/mnt``, its output
     streamed to ``on_output``, and apply its changes there to ``mnt_dir``; the result, with
-    the applied changes under ``mnt_changed``."""
+    the applied changes under ``mnt_changed``. ``gate`` (when not None) decides the run first:
+    a denial is :class:`~harombe.errors.ApprovalDeniedError`."""
     from harombe.mounts import run_sandboxed_async
 
     async with started_manager(config) as manager:
         result, changed = await run_sandboxed_async(
             code, mnt_dir=mnt_dir, language=language, timeout=timeout_s,
             network=bool(network), allowed_domains=allowed_domains, manager=manager,
-            on_output=on_output,
+            on_output=on_output, gate=gate,
         )  # fmt: skip
     return {**result, "mnt_changed": changed}
 

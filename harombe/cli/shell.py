@@ -34,6 +34,7 @@ from harombe.cli.common import (
 from harombe.cli.terminal import raw_mode, relay, terminal_env, window_size
 from harombe.config import HarombeConfig
 from harombe.errors import ConfigError, HarombeError, SandboxLostError, SandboxNotFoundError
+from harombe.security.approval.policy_line import policy_line
 from harombe.security.runtime.backend import DockerBackend, Terminal
 from harombe.security.runtime.sandbox import (
     LABEL_MANAGED,
@@ -229,6 +230,7 @@ def shell(ctx: click.Context, /, language: str, sandbox_id: str | None,
                               max_disk_mb=disk_mb, max_pids=pids)  # fmt: skip
     except ConfigError as exc:
         return say_error(NAME, exc, EXIT_USAGE)
+    say_error(NAME, policy_line(None, "shell"))
     return run_async(lambda: _shell(config, language=language, sandbox_id=sandbox_id))
 
 

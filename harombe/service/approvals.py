@@ -137,10 +137,17 @@ class ApprovalBroker:
 
     name = "approvals_page"
 
-    def __init__(self, feed: AuditFeed) -> None:
+    def __init__(self, feed: AuditFeed, *, url: str | None = None) -> None:
         self.feed = feed
+        #: The page's address, for the start-up policy line (``harombe serve`` sets it).
+        self.url = url
         self._pending: dict[str, Pending] = {}
         self._closed: str | None = None
+
+    @property
+    def held_calls(self) -> str:
+        """Where the policy line says held calls go."""
+        return f"held on {self.url or 'the approvals page'} and denied after the rule's timeout"
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
         if self._closed is not None:  # shutting down: nobody will come to decide it

@@ -47,6 +47,8 @@ class Tenant:
     role: str = "client"
     max_sandboxes: int = 8
     max_concurrent_runs: int = 4
+    #: A person operates this client (``human: true``): its elicitation answers count.
+    human: bool = False
     sandboxes: set[str] = field(default_factory=set)
     creating: int = 0
     running: int = 0
@@ -114,7 +116,8 @@ class TokenTable:
                 )
             names.add(entry.name)
             digest = entry.sha256 or self._digest_from_env(entry.name, entry.env, env)
-            tenant = Tenant(entry.name, entry.role, entry.max_sandboxes, entry.max_concurrent_runs)
+            tenant = Tenant(entry.name, entry.role, entry.max_sandboxes, entry.max_concurrent_runs,
+                            human=entry.human)  # fmt: skip
             self._entries.append((bytes.fromhex(digest), tenant))
         self.anonymous = Tenant(
             ANONYMOUS,

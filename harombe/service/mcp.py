@@ -41,6 +41,7 @@ from mcp.server.lowlevel import Server
 from harombe.config import HarombeConfig
 from harombe.errors import HarombeError
 from harombe.security.approval.gate import gate_from_config
+from harombe.security.approval.policy_line import policy_line
 from harombe.service.mcp_approval import Asker, ElicitingApprover, can_elicit, current_asker
 from harombe.service.mcp_content import error_result, to_call_result
 from harombe.service.version import VERSION
@@ -236,13 +237,15 @@ async def serve_stdio(config: HarombeConfig) -> None:
     from harombe.security.runtime.docker import DockerManager
     from harombe.security.runtime.manager import SandboxManager
 
+    gate = gate_from_config(config, surface_approver=ElicitingApprover())
+    # stdout carries the protocol: the policy line goes to stderr, as the logs do.
+    print(policy_line(gate, "mcp"), file=sys.stderr, flush=True)
     docker_manager = DockerManager()
     await docker_manager.start()
     manager = SandboxManager(docker_manager=docker_manager, config=config)
     signalled = asyncio.Event()
     try:
         await manager.start()
-        gate = gate_from_config(config, approver=ElicitingApprover())
         server = build_server(LocalHost(CodeExecutionTools(manager, gate)))
         log.info("mcp.started", transport="stdio", hitl=gate is not None)
         with _on_signals(signalled.set):

@@ -51,9 +51,10 @@ DECISION_SCHEMA: dict[str, Any] = {
 NOBODY_TO_ASK = (
     "nobody can be asked to approve this call: the MCP client did not declare the elicitation "
     "capability (or its connection cannot carry a request back to it); use a client that "
-    "supports elicitation, serve MCP from `harombe serve` (its approvals page decides), or, "
-    "for a trusted unattended setup, turn the gate off with security.hitl.enabled: false "
-    "(HAROMBE__SECURITY__HITL__ENABLED=false)"
+    "supports elicitation, serve MCP from `harombe serve` (its approvals page decides), name "
+    "an approver callable in security.hitl.approver, or raise "
+    "security.hitl.auto_approve_up_to (HAROMBE__SECURITY__HITL__AUTO_APPROVE_UP_TO=critical) "
+    "if calls like this may run unasked"
 )
 
 
@@ -110,8 +111,17 @@ class ElicitingApprover:
 
     name = NAME
 
-    def __init__(self, fallback: Approver | None = None) -> None:
+    def __init__(self, fallback: Approver | None = None, *, who: str = "the client") -> None:
         self.fallback = fallback
+        #: Whose elicitation answers count, for the policy line.
+        self.who = who
+
+    @property
+    def held_calls(self) -> str:
+        """Where the policy line says held calls go."""
+        rest = getattr(self.fallback, "held_calls", None) if self.fallback else "denied"
+        rest = rest or "sent to the fallback approver"
+        return f"asked through MCP elicitation when {self.who} supports it, else {rest}"
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse | bool:
         asker = current_asker.get()

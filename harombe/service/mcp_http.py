@@ -15,7 +15,10 @@ answered 404, as an unknown session. A tenant holds at most :data:`MAX_SESSIONS_
 open sessions (429 past it), so one client cannot fill the server's session table; sessions
 end when deleted or after the SDK's idle timeout (30 minutes). Calls the gate holds are asked
 of the person at the client through elicitation when the client supports it; otherwise they
-wait on the approvals page, as ``/v1`` calls do.
+wait on the approvals page, as ``/v1`` calls do. With tokens configured, a client's own
+elicitation answer approves nothing unless its token is marked ``human: true``: an agent
+cannot approve itself, so its held calls wait on the approvals page (where only an approver
+token or the approval key decides). Without tokens the one caller is this machine's user.
 
 The SDK's session manager runs inside the app's lifespan (:meth:`McpEndpoint.running`): it
 starts after the service and stops before the service removes its sandboxes.
@@ -38,7 +41,7 @@ from harombe.service.approvals import current_tenant
 from harombe.service.auth import Tenant
 from harombe.service.gatekeeper import identify
 from harombe.service.mcp import build_server
-from harombe.service.mcp_approval import ElicitingApprover
+from harombe.service.mcp_approval import ElicitingApprover, current_asker
 from harombe.service.problems import HTTPProblem
 from harombe.service.state import Service
 from harombe.tools import schemas
@@ -88,6 +91,10 @@ class ServiceHost:
         svc = self.service
         tenant = client_tenant(svc, request.scope)
         current_tenant.set(tenant.name)
+        if svc.tokens.enabled and not tenant.human:
+            # No self-approval: an agent's token answering its own elicitation would approve
+            # its own call. Its held calls go to the approvals page instead.
+            current_asker.set(None)
         sid = arguments.get("sandbox_id") if isinstance(arguments, Mapping) else None
         if isinstance(sid, str) and not svc.owned(tenant, sid):
             return _refused(
@@ -121,13 +128,16 @@ class ServiceHost:
 
 class McpEndpoint:
     """The ASGI app at ``/mcp`` (module docstring). Building it makes the service's gate ask
-    MCP clients by elicitation first (its approvals page stays the fallback)."""
+    MCP clients by elicitation first (its approvals page stays the fallback), unless
+    ``security.hitl.approver`` names another approver, which then decides every call."""
 
     def __init__(self, service: Service) -> None:
         self.service = service
         gate = service.gate
-        if gate is not None and not isinstance(gate.approver, ElicitingApprover):
-            gate.approver = ElicitingApprover(fallback=gate.approver)
+        if gate is not None and gate.approver is service.broker:
+            who = "a client whose token is marked human" if service.tokens.enabled else (
+                "the client")  # fmt: skip
+            gate.approver = ElicitingApprover(fallback=gate.approver, who=who)
         security = None
         if not service.tokens.enabled:
             security = TransportSecuritySettings(

@@ -17,6 +17,7 @@ import structlog
 
 from harombe.config import HarombeConfig
 from harombe.errors import ConfigError
+from harombe.security.approval.policy_line import policy_line
 from harombe.service.auth import is_loopback
 
 log = structlog.get_logger(__name__)
@@ -68,9 +69,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"harombe serve: warning: {disabled}{problem.message}", file=sys.stderr)
     app = create_app(service=service)
     shown = f"[{host}]" if ":" in host else host
+    service.broker.url = f"http://{shown}:{port}/approvals"
     print(f"harombe serve: http://{shown}:{port}  (API docs: /docs)", file=sys.stderr)
     print(f"approvals page: http://{shown}:{port}/approvals?key={service.approval_key}",
-          file=sys.stderr, flush=True)  # fmt: skip
+          file=sys.stderr)  # fmt: skip
+    print(policy_line(service.gate, "serve"), file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
     # it found: this one makes that a clean exit (status 0), as a service manager expects.
     signal.signal(signal.SIGTERM, _exit_cleanly)

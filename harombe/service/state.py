@@ -64,7 +64,8 @@ class Service:
         self.docker_manager = docker_manager or DockerManager()
         self.manager = SandboxManager(docker_manager=self.docker_manager, config=config)
         self.manager.profile_set = self.profile_set
-        self.gate = gate_from_config(config, approver=self.broker)
+        # Held calls go to the approvals page, unless security.hitl.approver names another.
+        self.gate = gate_from_config(config, surface_approver=self.broker)
         self.tools = CodeExecutionTools(self.manager, self.gate, profiles=self.profile_set)
         self.owners: dict[str, Tenant] = {}
         self._removals: set[asyncio.Task[None]] = set()

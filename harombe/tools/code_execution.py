@@ -37,7 +37,14 @@ import structlog
 
 from harombe.errors import GuardrailError, HarombeError, UsageError
 from harombe.host_paths import scrub_host_paths
-from harombe.security.approval.gate import ApprovalDecision, HITLGate, Operation
+from harombe.security.approval.gate import (
+    FROM_CONFIG,
+    ApprovalDecision,
+    HITLGate,
+    Operation,
+    gate_from_config,
+)
+from harombe.security.approval.policy_line import announce
 from harombe.security.policy.paths import exact_str, is_a
 from harombe.security.policy.profile_set import ProfileSet
 from harombe.security.policy.profiles import Profile
@@ -108,16 +115,24 @@ class CodeExecutionTools:
     """``code_execute``, ``code_install_package``, ``code_write_file``, ``code_read_file``,
     ``code_list_files`` and ``code_destroy_sandbox`` over one :class:`SandboxManager`.
 
+    ``hitl_gate`` left out: the gate the manager's config describes
+    (:func:`~harombe.security.approval.gate.gate_from_config`, with the approver
+    ``security.hitl.approver`` names), or none when ``security.hitl.enabled`` is false; its
+    policy is logged once as ``hitl.policy_announced``. ``hitl_gate=None``: no gate.
+
     ``profiles`` are the policy profiles ``code_execute(profile=...)`` may name; left out,
     they are those the manager checked when it started (:mod:`harombe.tools.profiles`)."""
 
     def __init__(
         self,
         sandbox_manager: SandboxManager,
-        hitl_gate: HITLGate | None = None,
+        hitl_gate: HITLGate | None = FROM_CONFIG,
         *,
         profiles: Mapping[str, Profile] | ProfileSet | None = None,
     ) -> None:
+        if hitl_gate is FROM_CONFIG:
+            hitl_gate = gate_from_config(sandbox_manager.config)
+            announce(hitl_gate, "library")
         if hitl_gate is not None and not callable(getattr(hitl_gate, "check_approval", None)):
             # A gate that cannot be consulted would let every call through: fail closed.
             got = type(hitl_gate).__name__

@@ -445,7 +445,7 @@ async def test_a_malformed_done_reply_never_raises_out_of_the_tools(body: str) -
     KeyError, TypeError or OverflowError from result mapping."""
     forger = type("Forger", (_Forger,), {"body": body})
     async with running(FakeDocker(guest_factory=forger)) as (_, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         result = await tools.code_execute(language="python", code="print(1)")
     assert result["success"] is False
 
@@ -567,7 +567,7 @@ async def test_a_wrong_stream_call_fails_when_made_as_execute_does(
 ) -> None:
     """A call code_execute refuses with TypeError when it is made, the stream refuses the same
     way at the same moment (not later, at the first iteration)."""
-    tools = CodeExecutionTools(SandboxManager(FakeDocker(), config=config()))
+    tools = CodeExecutionTools(SandboxManager(FakeDocker(), config=config()), hitl_gate=None)
     if "on_output" not in kwargs:  # code_execute takes on_output; the stream must not
         with pytest.raises(TypeError):
             tools.code_execute(*args, **kwargs).close()
@@ -623,7 +623,7 @@ async def test_a_sandbox_a_file_call_finds_lost_is_not_kept_as_live() -> None:
     """A file call that finds its sandbox dead leaves no dead sandbox listed as live: the
     manager drops it (or replaces it, as execute and install do)."""
     async with running() as (fake, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         sid = (await tools.code_execute(language="python", code="print(1)"))["sandbox_id"]
         cid = container_of(fake, sid)
         assert cid is not None
@@ -646,7 +646,7 @@ async def test_a_sandbox_lost_during_install_is_replaced_like_one_lost_during_ex
 
     monkeypatch.setattr(packages, "fetch_pypi", no_download)
     async with running() as (fake, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         sid = (await tools.code_execute(language="python", code="print(1)"))["sandbox_id"]
         cid = container_of(fake, sid)
         assert cid is not None

@@ -475,7 +475,7 @@ async def test_a_forged_done_reply_never_raises_out_of_the_tools(case: str) -> N
     """code_execute returns a result dict for any reply the sandbox sends; nothing raises."""
     forger = type("Forger", (_Forger,), {"body": dict(FORGED)[case]})
     async with running(FakeDocker(guest_factory=forger)) as (_, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         result = await tools.code_execute(language="python", code="print(1)")
     assert result["success"] is False
 
@@ -520,7 +520,7 @@ async def test_a_forged_file_reply_never_raises_out_of_the_tools(
     broke the protocol), never a raw KeyError, ValueError or TypeError out of the tools."""
     forger = type("FileForger", (_FileForger,), {"op": op, "forged": forged})
     async with running(FakeDocker(guest_factory=forger)) as (_, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         sid = (await tools.code_execute(language="python", code="print(1)"))["sandbox_id"]
         try:
             result = await FILE_TOOL_CALLS[op](tools, sid)
@@ -655,7 +655,7 @@ async def test_one_tool_called_event_per_call_even_when_the_sandbox_is_lost() ->
     sandbox included."""
     hold = Hold()
     async with running(FakeDocker(handler=hold)) as (docker, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         sid = (await tools.code_execute(language="python", code="print(1)"))["sandbox_id"]
         with capture_events() as events:
             call = asyncio.ensure_future(

@@ -239,7 +239,7 @@ async def short_manager(docker_manager: DockerManager) -> AsyncIterator[SandboxM
 
 async def test_a_longer_timeout_than_the_default_is_honoured(short_manager: SandboxManager) -> None:
     """timeout above max_execution_time (up to the ceiling) lets the code finish."""
-    tools = CodeExecutionTools(short_manager)
+    tools = CodeExecutionTools(short_manager, hitl_gate=None)
     result = await tools.code_execute("python", "import time; time.sleep(2); print('done')",
                                       timeout=3.5)  # fmt: skip
     assert result["success"] and result["stdout"] == "done\n", result
@@ -251,7 +251,7 @@ async def test_a_timeout_above_the_ceiling_is_capped_and_said(
     short_manager: SandboxManager,
 ) -> None:
     """timeout=1e9 runs for the ceiling only, and the result says it was capped."""
-    tools = CodeExecutionTools(short_manager)
+    tools = CodeExecutionTools(short_manager, hitl_gate=None)
     result = await tools.code_execute("shell", "sleep 30", timeout=1e9)
     assert result["status"] == "timeout" and result["timeout_s"] == 4, result
     assert any("capped to max_timeout_s 4s" in w for w in result["warnings"])
@@ -262,7 +262,7 @@ async def test_no_container_is_left_by_refused_calls_without_a_sandbox(
     sandbox_manager: SandboxManager,
 ) -> None:
     """Bad arguments and no sandbox id create no sandbox: live sandboxes and pool unchanged."""
-    tools = CodeExecutionTools(sandbox_manager)
+    tools = CodeExecutionTools(sandbox_manager, hitl_gate=None)
     before = set(sandbox_manager.sandboxes)
     for language in LANGUAGES:
         for bad in ({"timeout": math.nan}, {"network_enabled": "false"}, {"fresh": 1}):

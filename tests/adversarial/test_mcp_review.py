@@ -233,7 +233,9 @@ async def test_deep_or_huge_arguments_are_a_tool_error(
     manager = SandboxManager(docker_manager=fake, config=config)
     await manager.start()
     try:
-        result = await schemas.dispatch(CodeExecutionTools(manager), "code_execute", arguments)
+        result = await schemas.dispatch(
+            CodeExecutionTools(manager, hitl_gate=None), "code_execute", arguments
+        )
         mapped = to_call_result(result).model_dump_json()
     finally:
         await manager.stop()

@@ -167,7 +167,7 @@ def test_a_large_scan_does_not_hold_the_event_loop(monkeypatch: pytest.MonkeyPat
 
     async def call() -> None:
         async with running() as (_, manager):
-            tools = CodeExecutionTools(manager, profiles=PROFILES)
+            tools = CodeExecutionTools(manager, profiles=PROFILES, hitl_gate=None)
             await tools.code_execute(language="python", code="x = 1", profile="minimal")
 
     asyncio.run(call())

@@ -46,7 +46,9 @@ SHADOW = "import os\nprint('SHADOW', sorted(os.listdir('/'))[:3])\n"
 @pytest.fixture(scope="module")
 async def tools(sandbox_manager: SandboxManager) -> CodeExecutionTools:
     return CodeExecutionTools(
-        sandbox_manager, profiles=resolve_profiles({**read_profile_documents(None), **EXTRA})
+        sandbox_manager,
+        profiles=resolve_profiles({**read_profile_documents(None), **EXTRA}),
+        hitl_gate=None,
     )
 
 

@@ -58,7 +58,9 @@ print("SCIENCE", round(float(s[0]), 3) > 0, inv.shape, round(float(fit.x[0]), 2)
 @pytest.fixture(scope="module")
 async def tools(sandbox_manager: SandboxManager) -> CodeExecutionTools:
     return CodeExecutionTools(
-        sandbox_manager, profiles=resolve_profiles({**read_profile_documents(None), **EXTRA})
+        sandbox_manager,
+        profiles=resolve_profiles({**read_profile_documents(None), **EXTRA}),
+        hitl_gate=None,
     )
 
 

@@ -38,7 +38,9 @@ def config(*, tokens: bool = True, hitl: bool = False, **alice: Any) -> Any:
     entries = [{"name": "alice", "token": ALICE, **alice}, {"name": "bob", "token": BOB},
                {"name": "judge", "token": JUDGE, "role": "approver"}]  # fmt: skip
     return parse_config({
-        "security": {"sandbox": {"pool": {"size": 1}}, "hitl": {"enabled": hitl, "rules": [HOLD]}},
+        # With the gate on, every call that needs approval is held (no automatic level).
+        "security": {"sandbox": {"pool": {"size": 1}},
+                     "hitl": {"enabled": hitl, "auto_approve_up_to": "none", "rules": [HOLD]}},
         "service": {"tokens": entries if tokens else [], "max_request_bytes": 65536},
     })  # fmt: skip
 

@@ -492,7 +492,9 @@ async def test_a_sandbox_created_by_a_failing_call_is_not_left_behind(cancelled:
         raise UsageError("python is not available in this sandbox")
 
     manager.execute = execute  # type: ignore[method-assign]
-    call = asyncio.ensure_future(CodeExecutionTools(manager).code_execute("python", "1"))
+    call = asyncio.ensure_future(
+        CodeExecutionTools(manager, hitl_gate=None).code_execute("python", "1")
+    )
     await running.wait()
     if cancelled:
         call.cancel()

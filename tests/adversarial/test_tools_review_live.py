@@ -232,7 +232,7 @@ async def test_bad_arguments_without_a_sandbox_id_create_nothing(
     own_manager: SandboxManager, bad: dict[str, Any]
 ) -> None:
     """A refused call that named no sandbox leaves no container with this manager's label."""
-    tools = CodeExecutionTools(own_manager)
+    tools = CodeExecutionTools(own_manager, hitl_gate=None)
     before = await labelled(own_manager)
     kwargs: dict[str, Any] = {"language": "python", "code": "print(1)", **bad}
     result = await tools.code_execute(**kwargs)
@@ -245,7 +245,7 @@ async def test_calls_on_a_stopped_manager_are_dicts(docker_manager: DockerManage
     """After stop(), every tool returns success: False saying what to do, and creates nothing."""
     manager = SandboxManager(docker_manager, runtime="runsc")
     await manager.start()
-    tools = CodeExecutionTools(manager)
+    tools = CodeExecutionTools(manager, hitl_gate=None)
     created = await tools.code_execute("python", "pass")
     sid = created["sandbox_id"]
     await manager.stop()
@@ -278,7 +278,7 @@ async def test_a_call_from_another_event_loop_is_refused_and_harms_nothing(
 ) -> None:
     """A call made with asyncio.run in another thread is a UsageError dict: no sandbox is
     created on a loop that dies with the call, and the sandbox still works on its own loop."""
-    tools = CodeExecutionTools(own_manager)
+    tools = CodeExecutionTools(own_manager, hitl_gate=None)
     created = await tools.code_execute("python", "kept = 1")
     sid = created["sandbox_id"]
     before = await labelled(own_manager)
@@ -295,7 +295,7 @@ async def test_a_stream_left_early_on_a_new_sandbox_leaves_no_container(
 ) -> None:
     """The id of a sandbox a stream creates comes only with the final item: leaving before it
     destroys that sandbox instead of keeping one nobody can name."""
-    tools = CodeExecutionTools(own_manager)
+    tools = CodeExecutionTools(own_manager, hitl_gate=None)
     before = await labelled(own_manager)
     code = "import time\nfor i in range(50):\n    print(i, flush=True)\n    time.sleep(0.1)"
     async with contextlib.aclosing(tools.code_execute_stream("python", code)) as items:
@@ -309,7 +309,7 @@ async def test_calls_while_the_manager_starts_are_dicts(docker_manager: DockerMa
     """A call racing start() gets a dict (success or 'not started'), and stop() removes all."""
     config = parse_config({"security": {"sandbox": {"pool": {"size": 0}}}})
     manager = SandboxManager(docker_manager, runtime="runsc", config=config)
-    tools = CodeExecutionTools(manager)
+    tools = CodeExecutionTools(manager, hitl_gate=None)
     starting = asyncio.ensure_future(manager.start())
     early = await tools.code_execute("python", "print(1)")
     await starting
@@ -335,7 +335,7 @@ async def test_another_managers_sandbox_cannot_be_reached(
 ) -> None:
     """An id that belongs to another manager is unknown here: SandboxNotFoundError, and the
     other manager's sandbox is untouched."""
-    result = await call(CodeExecutionTools(own_manager), sandbox_id)
+    result = await call(CodeExecutionTools(own_manager, hitl_gate=None), sandbox_id)
     assert result["success"] is False, result
     assert result["error"].startswith("SandboxNotFoundError: "), result
     assert await alive(tools, sandbox_id)

@@ -20,11 +20,10 @@ APPROVAL_KEY = "test-approval-key-0123456789abcdef"
 
 def service_config(extra: Mapping[str, Any] | None = None, *, hitl: bool = False) -> HarombeConfig:
     """A config for service tests: a small pool; the HITL gate off (an unattended sidecar)
-    unless ``hitl`` (then every run is held for the approvals page, as the guide's table
-    says)."""
-    data: dict[str, Any] = {
-        "security": {"sandbox": {"pool": {"size": 2}}, "hitl": {"enabled": hitl}}
-    }
+    unless ``hitl`` (then every run, HIGH in the guide's table, is held for the approvals
+    page: the automatic level is MEDIUM)."""
+    gate = {"enabled": True, "auto_approve_up_to": "medium"} if hitl else {"enabled": False}
+    data: dict[str, Any] = {"security": {"sandbox": {"pool": {"size": 2}}, "hitl": gate}}
     return parse_config(merge(data, extra or {}))
 
 

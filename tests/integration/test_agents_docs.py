@@ -145,7 +145,7 @@ async def capped_tools(docker_manager: DockerManager) -> AsyncIterator[CodeExecu
     }}})  # fmt: skip
     manager = SandboxManager(docker_manager, config=config)
     await manager.start()
-    yield CodeExecutionTools(manager)
+    yield CodeExecutionTools(manager, hitl_gate=None)
     await manager.stop()
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from harombe import decorator, sandbox, sandbox_async
+from harombe.config import load_config
 from harombe.errors import (
     DependencyInstallError,
     InvalidArgumentError,
@@ -33,8 +34,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module", autouse=True)
 def _fresh_runner() -> Iterator[None]:
-    """One private loop for this module, shut down (its sandboxes removed) at the end."""
-    decorator.configure()
+    """One private loop for this module, shut down (its sandboxes removed) at the end. The
+    config's gate is off: these tests are not about it (a lambda written inside a table is a
+    fragment that does not parse, which the gate rates CRITICAL)."""
+    off = {**os.environ, "HAROMBE__SECURITY__HITL__ENABLED": "false"}
+    decorator.configure(config=load_config(environ=off))
     yield
     decorator.shutdown()
 

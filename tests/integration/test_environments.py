@@ -224,7 +224,7 @@ async def test_code_execute_takes_an_environment_for_a_new_sandbox(
     sandbox_id, an unknown name, or JavaScript, it is a failed result naming the problem."""
     from harombe.tools.code_execution import CodeExecutionTools
 
-    tools = CodeExecutionTools(sandbox_manager=manager)
+    tools = CodeExecutionTools(sandbox_manager=manager, hitl_gate=None)
     manager.define_environment("tools-env", ["toml==0.10.2"], preimport=["toml"])
     ran = await tools.code_execute(
         language="python", code="import sys\n'toml' in sys.modules", environment="tools-env"

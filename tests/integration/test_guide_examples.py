@@ -1,5 +1,6 @@
 """The usage guide's examples, run as written (registry hosts read from this machine's config)."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -75,7 +76,7 @@ async def test_install_examples(docker_manager: DockerManager) -> None:
     """The guide's requests==2.31.0 and axios@1.6.0 install-then-use examples."""
     sandbox_manager = SandboxManager(docker_manager=docker_manager, runtime="runsc")
     await sandbox_manager.start()
-    tools = CodeExecutionTools(sandbox_manager=sandbox_manager)
+    tools = CodeExecutionTools(sandbox_manager=sandbox_manager, hitl_gate=None)
     try:
         result = await tools.code_execute(
             language="python",
@@ -128,8 +129,12 @@ console.log('Axios loaded');
 
 def test_data_processing_pipeline_runs_end_to_end() -> None:
     """docs/examples/data_pipeline.py: pandas installed, CSV processed, results read back."""
+    # Its first call asks for network, which is CRITICAL: the default policy asks a person,
+    # and nobody is at this test's terminal, so CRITICAL runs unasked here.
+    unattended = {**os.environ, "HAROMBE__SECURITY__HITL__AUTO_APPROVE_UP_TO": "critical"}
     out = subprocess.run(
         [sys.executable, str(REPO / "docs/examples/data_pipeline.py")],
+        env=unattended,
         capture_output=True,
         text=True,
         timeout=900,
@@ -158,7 +163,7 @@ async def test_custom_limits_with_a_per_execution_override(docker_manager: Docke
         max_execution_time=60,  # 60 seconds
     )
     await sandbox_manager.start()
-    tools = CodeExecutionTools(sandbox_manager=sandbox_manager)
+    tools = CodeExecutionTools(sandbox_manager=sandbox_manager, hitl_gate=None)
     try:
         result = await tools.code_execute(
             language="python",

@@ -119,7 +119,7 @@ async def test_opted_in_runtime_is_named_in_every_result(docker_manager: DockerM
     manager = SandboxManager(docker_manager, runtime="runc", config=config)
     await manager.start()
     try:
-        tools = CodeExecutionTools(sandbox_manager=manager)
+        tools = CodeExecutionTools(sandbox_manager=manager, hitl_gate=None)
         result = await tools.code_execute(language="shell", code="echo hi")
         assert result["runtime"] == "runc" and result["stdout"] == "hi\n"
     finally:

@@ -23,7 +23,7 @@ async def test_stop_removes_every_container(docker_manager: DockerManager) -> No
     """After stop(), no container of that manager is left, warm-pool ones included."""
     manager = SandboxManager(docker_manager)
     await manager.start()
-    tools = CodeExecutionTools(sandbox_manager=manager)
+    tools = CodeExecutionTools(sandbox_manager=manager, hitl_gate=None)
     ids = [
         (await tools.code_execute(language=lang, code="true" if lang == "shell" else ""))
         for lang in ("python", "shell")

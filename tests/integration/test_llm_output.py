@@ -57,7 +57,7 @@ async def llm_tools(docker_manager: DockerManager) -> AsyncIterator[CodeExecutio
     }}})  # fmt: skip
     manager = SandboxManager(docker_manager, config=config)
     await manager.start()
-    yield CodeExecutionTools(manager)
+    yield CodeExecutionTools(manager, hitl_gate=None)
     await manager.stop()
 
 

@@ -25,8 +25,10 @@ from tests.integration.service_support import live_service, service_config
 pytestmark = pytest.mark.integration
 
 ALICE, BOB, JUDGE = "alice-token-0123456789", "bob-token-0123456789ab", "judge-token-0123456789"
+#: Alice is a person at a desktop client (human: her elicitation answers count); Bob is an
+#: agent, whose own answers never approve his calls.
 TOKENS = [
-    {"name": "alice", "token": ALICE},
+    {"name": "alice", "token": ALICE, "human": True},
     {"name": "bob", "token": BOB},
     {"name": "judge", "token": JUDGE, "role": "approver"},
 ]
@@ -136,6 +138,57 @@ async def test_without_elicitation_the_approvals_page_decides(api: tuple[Service
         await session.call_tool("code_destroy_sandbox", {"sandbox_id": result["sandbox_id"]})
     assert decided.status_code == 200 and held["tenant"] == "alice"
     assert result["stdout"] == "paged\n" and result["approval"]["decided_by"] == "judge"
+
+
+async def test_an_agent_token_cannot_approve_its_own_call(api: tuple[Service, str]) -> None:
+    """Bob's token is not marked human: his client's elicitation is never asked, his own
+    approval over /v1 is refused (403), and the held call waits on the approvals page until
+    the approver decides it."""
+    service, base = api
+    asked: list[str] = []
+
+    async def self_approve(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": "approve"})
+
+    async with session_as(base, BOB, elicit=self_approve) as session:
+        call = asyncio.ensure_future(
+            session.call_tool("code_execute", {"language": "python", "code": "print('held')"})
+        )
+        held = await first_held(service)
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {BOB}"}
+        ) as bob:
+            own = await bob.post(f"/v1/approvals/{held['id']}", json={"decision": "approve"})
+            still = await bob.get("/v1/approvals")
+        async with httpx.AsyncClient(
+            base_url=base, headers={"Authorization": f"Bearer {JUDGE}"}
+        ) as judge:
+            decided = await judge.post(f"/v1/approvals/{held['id']}", json={"decision": "deny"})
+        result = body(await call)
+    assert asked == [] and held["tenant"] == "bob"
+    assert own.status_code == 403 and [a["id"] for a in still.json()["approvals"]] == [held["id"]]
+    assert decided.status_code == 200
+    assert result["success"] is False and result["approval"]["decided_by"] == "judge"
+    assert result["error"].startswith("ApprovalDeniedError")
+
+
+async def test_a_human_token_is_asked_through_elicitation(api: tuple[Service, str]) -> None:
+    """Alice's token is marked human: her client is asked, and her answer decides."""
+    service, base = api
+    asked: list[str] = []
+
+    async def deny(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": "deny"})
+
+    async with session_as(base, ALICE, elicit=deny) as session:
+        result = body(
+            await session.call_tool("code_execute", {"language": "python", "code": "print(1)"})
+        )
+    assert len(asked) == 1 and "print(1)" in asked[0]
+    assert result["success"] is False and result["approval"]["decided_by"] == "mcp_elicitation"
+    assert service.broker.pending() == []
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import mcp_types as types
 import pytest
@@ -43,16 +43,23 @@ class Person:
         return types.ElicitResult(action="accept", content={"decision": self.answer})
 
 
+#: Code the default policy holds (CRITICAL: it starts programs); it prints 42.
+HELD = "import subprocess\nprint(6 * 7)"
+
+
 @contextlib.asynccontextmanager
-async def connected(person: Person | None = None, **env: str) -> AsyncIterator[ClientSession]:
+async def connected(
+    person: Person | None = None, *, errlog: TextIO | None = None, **env: str
+) -> AsyncIterator[ClientSession]:
     """A ``python -m harombe mcp`` process (HITL gate on, no warm pool) and an initialised
-    client session to it; with ``person``, the client declares elicitation."""
+    client session to it; with ``person``, the client declares elicitation. ``errlog`` gets
+    the server's stderr."""
     environ = {"HAROMBE__SECURITY__SANDBOX__POOL__SIZE": "0", "PYTHONPATH": str(ROOT), **env}
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "harombe", "mcp"], env=environ, cwd=str(ROOT)
     )
     async with (
-        stdio_client(params) as (read, write),
+        stdio_client(params, errlog=errlog or sys.stderr) as (read, write),
         ClientSession(read, write, elicitation_callback=person) as session,
     ):
         await session.initialize()
@@ -159,11 +166,15 @@ async def test_bad_calls_are_tool_errors(name: str, arguments: dict[str, Any], k
 
 
 async def test_an_approved_elicitation_runs_the_call() -> None:
-    """The gate asks through elicitation, showing the code; an approval runs it."""
+    """The gate asks a call above the automatic level through elicitation, showing the code;
+    an approval runs it. Plain code runs without asking."""
     person = Person("approve")
     async with connected(person) as session:
-        result = await run(session, "print(6 * 7)")
-        await session.call_tool("code_destroy_sandbox", {"sandbox_id": result["sandbox_id"]})
+        plain = await run(session, "print(1)")
+        result = await run(session, HELD)
+        for done in (plain, result):
+            await session.call_tool("code_destroy_sandbox", {"sandbox_id": done["sandbox_id"]})
+    assert plain["approval"]["status"] == "auto_approved" and plain["stdout"] == "1\n"
     assert result["success"] and result["stdout"] == "42\n"
     assert result["approval"]["decided_by"] == "mcp_elicitation"
     assert len(person.asked) == 1 and "print(6 * 7)" in person.asked[0].message
@@ -179,7 +190,8 @@ async def test_a_refused_elicitation_runs_nothing(answer: str) -> None:
     async with connected(person) as session:
         sid = (await run(session, "pass"))["sandbox_id"]
         person.answer = answer
-        denied = await run(session, "open('/workspace/ran', 'w').write('x')", sandbox_id=sid)
+        code = "import subprocess\nopen('/workspace/ran', 'w').write('x')"
+        denied = await run(session, code, sandbox_id=sid)
         person.answer = "approve"
         listed = body(await session.call_tool("code_list_files", {"sandbox_id": sid}))
         await session.call_tool("code_destroy_sandbox", {"sandbox_id": sid})
@@ -188,12 +200,27 @@ async def test_a_refused_elicitation_runs_nothing(answer: str) -> None:
     assert "ran" not in listed["files"]
 
 
-async def test_without_elicitation_a_held_call_is_denied_with_the_reason() -> None:
-    """A client that cannot be asked gets the call denied (fail closed), told how to fix it."""
-    async with connected(None) as session:
-        denied = await run(session, "print(1)")
-    assert denied["error"].startswith("ApprovalDeniedError")
-    assert "elicitation" in denied["error"] and denied.get("sandbox_id") is None
+async def test_without_elicitation_plain_code_runs_and_critical_is_denied_at_once(
+    tmp_path: Path,
+) -> None:
+    """A client that cannot be asked (the README's one-line config): plain code runs at once; a
+    CRITICAL call is denied at once (not held for a timeout), told how to get approvals; the
+    server's first line on stderr says so."""
+    with (tmp_path / "stderr").open("w+") as errlog:
+        async with connected(None, errlog=errlog) as session:
+            plain = await run(session, "print(6*7)")
+            denied = await run(session, HELD)
+            await session.call_tool("code_destroy_sandbox", {"sandbox_id": plain["sandbox_id"]})
+        errlog.seek(0)
+        first_line = errlog.readline().strip()
+    assert plain["stdout"] == "42\n" and plain["approval"]["status"] == "auto_approved"
+    assert denied["error"].startswith("ApprovalDeniedError") and denied.get("sandbox_id") is None
+    assert denied["approval"]["status"] == "denied"  # at once, not a timeout
+    assert "elicitation" in denied["error"] and "auto_approve_up_to" in denied["error"]
+    assert first_line == (
+        "approvals: calls up to HIGH run at once; CRITICAL calls are asked through MCP "
+        "elicitation when the client supports it, else denied"
+    )
 
 
 async def test_with_the_gate_off_calls_run_without_asking() -> None:

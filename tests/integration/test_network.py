@@ -157,7 +157,7 @@ async def net_tools(
     network.update(allow_private_destinations=True, extra_ca_certificates=[str(certs / "ca.pem")])
     manager = SandboxManager(docker_manager, config=parse_config(data), egress_resolver=resolver)
     await manager.start()
-    yield CodeExecutionTools(manager)
+    yield CodeExecutionTools(manager, hitl_gate=None)
     await manager.stop()
 
 

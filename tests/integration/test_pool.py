@@ -40,7 +40,7 @@ async def test_new_sandbox_comes_from_the_pool_with_its_interpreter_running(
     """A call without a sandbox id is handed a pooled sandbox whose interpreter already runs."""
     waiting = await pooled_ids(pooled)
     assert len(waiting) == 2
-    tools = CodeExecutionTools(pooled)
+    tools = CodeExecutionTools(pooled, hitl_gate=None)
     with capture_events() as events:
         result = await tools.code_execute(language="python", code="x = 1\nx + 1")
     assert result["success"] and result["result"] == "2"
@@ -59,7 +59,7 @@ async def test_new_sandbox_comes_from_the_pool_with_its_interpreter_running(
 
 async def test_pool_refills_and_never_hands_out_a_used_sandbox(pooled: SandboxManager) -> None:
     """Every claim gets a sandbox nobody ran code in; the pool tops itself up again."""
-    tools = CodeExecutionTools(pooled)
+    tools = CodeExecutionTools(pooled, hitl_gate=None)
     handed: list[str] = []
     for round_ in range(4):
         result = await tools.code_execute(
@@ -78,7 +78,7 @@ async def test_pool_refills_and_never_hands_out_a_used_sandbox(pooled: SandboxMa
 
 async def test_destroyed_sandboxes_do_not_return_to_the_pool(pooled: SandboxManager) -> None:
     """Destroying a claimed sandbox removes its container; the pool holds only new ones."""
-    tools = CodeExecutionTools(pooled)
+    tools = CodeExecutionTools(pooled, hitl_gate=None)
     result = await tools.code_execute(language="python", code="1")
     await tools.code_destroy_sandbox(result["sandbox_id"])
     await pooled.wait_pool_settled()
@@ -110,7 +110,7 @@ async def test_pool_size_zero_starts_nothing_ahead(docker_manager: DockerManager
     manager = SandboxManager(docker_manager, config=pooled_config(size=0, prewarm=["python"]))
     await manager.start()
     try:
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         result = await tools.code_execute(language="python", code="1")
         assert result["success"]
         await manager.wait_pool_settled()

@@ -44,7 +44,7 @@ async def manager(docker_manager: DockerManager) -> AsyncIterator[SandboxManager
 
 @pytest.fixture(scope="module")
 async def tools(manager: SandboxManager) -> CodeExecutionTools:
-    return CodeExecutionTools(manager, profiles=profiles())
+    return CodeExecutionTools(manager, profiles=profiles(), hitl_gate=None)
 
 
 @pytest.fixture(scope="module")

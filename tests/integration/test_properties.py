@@ -262,7 +262,7 @@ async def main():
     await docker.start()
     manager = SandboxManager(docker_manager=docker, runtime="runsc")
     await manager.start()
-    tools = CodeExecutionTools(sandbox_manager=manager)
+    tools = CodeExecutionTools(sandbox_manager=manager, hitl_gate=None)
     try:
         result = await tools.code_execute(language="python", code="print('MARKER' + '-CODE')")
         print(result["stdout"], end="")

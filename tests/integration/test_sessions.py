@@ -177,7 +177,7 @@ async def test_stateful_false_runs_a_fresh_process_each_time(
     manager = SandboxManager(docker_manager, config=parse_config(data))
     await manager.start()
     try:
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         first = await tools.code_execute(language="python", code="x = 1\nprint('set')")
         second = await run(tools, first["sandbox_id"], "python", "print('x' in globals())")
         assert second["stdout"] == "False\n" and second["stateful"] is False

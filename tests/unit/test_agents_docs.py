@@ -27,7 +27,6 @@ from tests.unit.fake_manager import container_of, running
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
 def _audit(events: list[Any]) -> list[tuple[str, Any, Any, Any]]:
     """The tool and gate events of a call, without ids and timings that differ per call."""
     return [
@@ -61,7 +60,9 @@ async def test_an_unknown_tool_is_named_with_the_six_tools() -> None:
     """dispatch of a made-up name: 'UnknownToolError: no tool named 'python'; the tools are
     code_execute, …' as the docs show it."""
     async with running() as (_, manager):
-        result = await dispatch(CodeExecutionTools(manager), "python", {"code": "1"})
+        result = await dispatch(
+            CodeExecutionTools(manager, hitl_gate=None), "python", {"code": "1"}
+        )
     assert result["success"] is False
     assert result["error"] == (
         f"UnknownToolError: no tool named 'python'; the tools are {', '.join(TOOL_NAMES)}"
@@ -92,7 +93,7 @@ async def test_max_file_bytes_caps_both_encodings(encoding: str) -> None:
     """A file larger than max_file_bytes is refused whichever encoding is asked for; one
     within it is read."""
     async with running(limits={"max_file_bytes": 64}) as (docker, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         sid = (await tools.code_execute(language="python", code="1"))["sandbox_id"]
         container = container_of(docker, sid)
         assert container is not None

@@ -134,13 +134,13 @@ def room(module: str) -> str:
 
 
 #: The base room: configuration, errors, logging, and the reading of profile files.
-BASE = {"harombe.config", "harombe.config_environments", "harombe.config_registries",
-        "harombe.config_service", "harombe.errors", "harombe.host_paths", "harombe.logs",
-        "harombe.profile_files"}  # fmt: skip
+BASE = {"harombe.config", "harombe.config_environments", "harombe.config_hitl",
+        "harombe.config_registries", "harombe.config_service", "harombe.errors",
+        "harombe.host_paths", "harombe.logs", "harombe.profile_files"}  # fmt: skip
 #: The modules above every room: the package, the CLI (``harombe.__main__`` and every
 #: ``harombe.cli`` module), the security package's docstring.
 TOP = {"harombe", "harombe.__main__", "harombe.security", "harombe.mounts", "harombe.mounts_host",
-       "harombe.mounts_compat",
+       "harombe.mounts_compat", "harombe.mounts_gate",
        "harombe.mounts_scan",
        "harombe.decorator", "harombe.decorator_call", "harombe.decorator_runner",
        "harombe.decorator_wire", "harombe.decorator_encode",

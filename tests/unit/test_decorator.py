@@ -32,12 +32,14 @@ from harombe.errors import (
     SerializationError,
     UsageError,
 )
+from harombe.security.approval import approvers
 from harombe.security.hitl import HITLGate
 from harombe.testing import (
     FakeDocker,
     FakeGuest,
     RunOutcome,
     ScriptedApprover,
+    capture_events,
     code_of,
     echo_handler,
 )
@@ -371,6 +373,29 @@ def test_configure_sets_the_default_gate(
         decorator.sandbox()(_plain)(1)
     assert [r.operation.tool_name for r in approver.requests] == ["code_execute"]
     assert fake[0].ran == []
+
+
+def test_without_a_gate_the_configs_gate_decides(
+    fake: tuple[FakeRunnerGuest, FakeDocker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a gate of its own or configure()'s, the config's gate decides: plain code runs,
+    a function that starts programs (CRITICAL) is denied at once where nobody can be asked,
+    and the policy is logged once."""
+    monkeypatch.setattr(approvers, "stdin_is_tty", lambda: False)
+
+    @decorator.sandbox()
+    def risky() -> int:
+        import subprocess
+
+        return subprocess.call(["true"])
+
+    with capture_events() as events:
+        assert decorator.sandbox()(_plain)(1) is not None
+        with pytest.raises(ApprovalDeniedError, match=r"security\.hitl\.approver"):
+            risky()
+    announced = [e for e in events if e["event"] == "hitl.policy_announced"]
+    assert [e["surface"] for e in announced] == ["decorator"]
+    assert len(fake[0].ran) == 1
 
 
 CACHE_CHOICES = {

@@ -83,9 +83,25 @@ GOOD = {"path": "a/b.txt", "type": "file", "size": 1, "links": 1, "mode": 0o644,
         _scan({**GOOD, "mode": -1}),
         _scan({**GOOD, "mode": 0o10000}),
     ],
-    ids=["none", "not-a-list", "truncated", "dotdot", "absolute", "empty-part", "dot-part",
-         "empty", "unknown-type", "negative-size", "bool-size", "no-digest", "no-mode",
-         "str-mode", "bool-mode", "negative-mode", "mode-past-07777"],
+    ids=[
+        "none",
+        "not-a-list",
+        "truncated",
+        "dotdot",
+        "absolute",
+        "empty-part",
+        "dot-part",
+        "empty",
+        "unknown-type",
+        "negative-size",
+        "bool-size",
+        "no-digest",
+        "no-mode",
+        "str-mode",
+        "bool-mode",
+        "negative-mode",
+        "mode-past-07777",
+    ],
 )
 def test_a_scan_outside_the_format_applies_nothing(raw: Any) -> None:
     """The scan comes from inside the sandbox: any field out of form is a MountError."""
@@ -127,13 +143,12 @@ def test_mnt_report_lists_changes_refusals_and_errors() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"packages": ["six"], "profile": None, "gated": False},
-     {"packages": [], "profile": "minimal", "gated": False},
-     {"packages": [], "profile": None, "gated": True}],
-    ids=["install", "profile", "hitl"],
+    [{"packages": ["six"], "profile": None},
+     {"packages": [], "profile": "minimal"}],
+    ids=["install", "profile"],
 )  # fmt: skip
 def test_mnt_refuses_what_it_does_not_combine_with(kwargs: dict[str, Any]) -> None:
-    """--mnt with --install, --profile or a configured gate is a usage error."""
+    """--mnt with --install or --profile is a usage error."""
     with pytest.raises(UsageError, match="--mnt"):
         check_mnt(**kwargs)
 

@@ -287,7 +287,7 @@ def test_stream_takes_code_executes_parameters() -> None:
 
 async def test_stream_refuses_what_code_execute_would() -> None:
     """Unknown, missing and on_output arguments fail the stream as they fail a function."""
-    tools = CodeExecutionTools(SandboxManager(DockerManager()))
+    tools = CodeExecutionTools(SandboxManager(DockerManager()), hitl_gate=None)
     for call in (
         lambda: tools.code_execute_stream("python", "1", on_output=print),  # type: ignore[call-arg]
         lambda: tools.code_execute_stream("python"),  # type: ignore[call-arg]

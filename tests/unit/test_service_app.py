@@ -30,7 +30,8 @@ HOLD_SHORT = {"tools": ["code_execute"], "risk": "critical", "timeout": 0.3,
 def config(*, tokens: bool = True, hitl: bool = False) -> Any:
     return parse_config({
         "security": {"sandbox": {"pool": {"size": 1}},
-                     "hitl": {"enabled": hitl, "rules": [HOLD_SHORT]}},
+                     "hitl": {"enabled": hitl, "auto_approve_up_to": "medium",
+                              "rules": [HOLD_SHORT]}},
         "service": {"tokens": TOKENS if tokens else [], "max_request_bytes": 4096},
     })  # fmt: skip
 

@@ -157,7 +157,7 @@ async def test_dispatch_refuses_what_is_not_a_tool_call(
 ) -> None:
     """A bad call comes back as success False with an error naming the fix; nothing runs."""
     async with running() as (docker, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         with capture_events() as events:
             result = await dispatch(tools, name, arguments)
         assert result["success"] is False
@@ -172,7 +172,7 @@ async def test_dispatch_refuses_what_is_not_a_tool_call(
 async def test_dispatch_runs_json_text_arguments_and_streams_output() -> None:
     """OpenAI-style JSON text arguments run the tool; on_output receives the printed text."""
     async with running() as (_, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         seen: list[tuple[str, bytes]] = []
         result = await dispatch(
             tools,
@@ -191,7 +191,7 @@ async def test_dispatch_runs_json_text_arguments_and_streams_output() -> None:
 async def test_dispatch_goes_through_the_tool_so_its_validation_applies() -> None:
     """A value the tool refuses (the string 'false' for a flag) is refused by dispatch too."""
     async with running() as (_, manager):
-        tools = CodeExecutionTools(manager)
+        tools = CodeExecutionTools(manager, hitl_gate=None)
         result = await dispatch(
             tools, "code_execute", {"language": "python", "code": "1", "fresh": "false"}
         )

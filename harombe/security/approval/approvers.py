@@ -4,22 +4,121 @@
 * :func:`approve_up_to` — approves up to a risk level and denies above it.
 * :class:`TerminalApprover` — asks a person on a terminal: shows the tool, risk, reasons and the
   code with line numbers, counts down, and treats anything but a yes (including silence) as no.
+* :class:`NobodyToAsk` — denies at once with a reason saying how to get approvals: what a
+  surface uses where no person can be reached.
+* :func:`approver_from_config` — the approver ``security.hitl.approver`` names.
+
+An approver may carry ``held_calls``: the words the start-up policy line uses for where the
+calls it is asked about go (:mod:`harombe.security.approval.policy_line`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import math
 import os
 import sys
 import termios
 from collections.abc import Callable
-from typing import TextIO
+from typing import Any, TextIO
 
-from harombe.security.approval.gate import ApprovalRequest, ApprovalResponse, RiskLevel
+from harombe.errors import ConfigError
+from harombe.security.approval.request import ApprovalRequest, ApprovalResponse, Approver
+from harombe.security.policy.rules import RiskLevel
 
 #: Parameters shown as code blocks rather than ``key: value`` lines.
 CODE_PARAMS = ("code", "content")
+#: Why a call is denied where nobody can be asked, and what to do about it.
+NO_TERMINAL = (
+    "nobody can be asked to approve this call: stdin is not a terminal; run it from a "
+    "terminal, name an approver callable in security.hitl.approver (package.module:function), "
+    "serve it with `harombe serve` (its approvals page decides), or raise "
+    "security.hitl.auto_approve_up_to if calls like this may run unasked"
+)
+#: How the policy line says where held calls go when they are denied for want of a terminal.
+HELD_NO_TERMINAL = "denied (no terminal to ask on; set security.hitl.approver)"
+#: ... and when they are asked on the terminal.
+HELD_ON_TERMINAL = "asked on this terminal and denied after the rule's timeout"
+
+
+def stdin_is_tty() -> bool:
+    """Whether this process's stdin is a terminal a person can answer on (False when stdin is
+    closed, replaced by a test runner, or a pipe)."""
+    try:
+        return os.isatty(sys.stdin.fileno())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class NobodyToAsk:
+    """An approver that denies every request at once with ``reason`` (where nobody can be
+    asked: the call is never held for a timeout nobody can answer)."""
+
+    name = "nobody_to_ask"
+
+    def __init__(self, reason: str = NO_TERMINAL, *, held_calls: str = HELD_NO_TERMINAL) -> None:
+        self.reason = reason
+        self.held_calls = held_calls
+
+    def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
+        return ApprovalResponse(False, approver=self.name, comment=self.reason)
+
+
+def load_approver(path: str) -> Approver:
+    """The approver at ``path`` (``package.module:name`` or ``package.module.name``): a
+    callable, or a class, which is instantiated with no arguments. A path that does not import
+    or names something that is not callable is a :class:`ConfigError` naming the fix."""
+    module_name, sep, attribute = path.partition(":")
+    if not sep:
+        module_name, _, attribute = path.rpartition(".")
+    where = f"security.hitl.approver {path!r}"
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is a config error to fix
+        raise ConfigError(
+            f"{where}: module {module_name!r} cannot be imported ({exc!r}); fix the path or "
+            "make the module importable (installed, or on PYTHONPATH)"
+        ) from None
+    found: Any = getattr(module, attribute, None)
+    if found is None:
+        raise ConfigError(
+            f"{where}: module {module_name!r} has no attribute {attribute!r}; fix the name"
+        )
+    if isinstance(found, type):
+        try:
+            found = found()
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(
+                f"{where}: the class cannot be made with no arguments ({exc!r}); point at an "
+                "approver function or an instance instead"
+            ) from None
+    if not callable(found):
+        raise ConfigError(
+            f"{where} is a {type(found).__name__}, not callable; point at a function (or "
+            "class) taking an ApprovalRequest and returning a bool or an ApprovalResponse"
+        )
+    return found  # type: ignore[no-any-return]
+
+
+def approver_from_config(hitl: Any, *, surface: Approver | None = None) -> Approver:
+    """The approver ``hitl`` (``config.security.hitl``) names: ``terminal``, ``deny``, a dotted
+    path, or for ``auto`` the surface's own (``surface``), else a terminal when stdin is one,
+    else :class:`NobodyToAsk`."""
+    choice = hitl.approver
+    if choice == "terminal":
+        return TerminalApprover()
+    if choice == "deny":
+        return NobodyToAsk(
+            "security.hitl.approver is deny: calls above security.hitl.auto_approve_up_to "
+            "are refused; change either setting to let them run",
+            held_calls="denied (security.hitl.approver: deny)",
+        )
+    if choice != "auto":
+        return load_approver(choice)
+    if surface is not None:
+        return surface
+    return TerminalApprover() if stdin_is_tty() else NobodyToAsk()
 
 
 def deny_all(request: ApprovalRequest) -> ApprovalResponse:
@@ -87,21 +186,30 @@ class TerminalApprover:
         reminder_every_s: float = 10.0,
         max_code_lines: int = 60,
     ) -> None:
-        self.input_fd = sys.stdin.fileno() if input_fd is None else input_fd
+        if input_fd is None:
+            try:
+                input_fd = sys.stdin.fileno()
+            except (AttributeError, OSError, ValueError):
+                input_fd = -1  # no stdin (closed, or replaced by a test runner): never a tty
+        self.input_fd = input_fd
         self.output = output or sys.stderr
         self.reminder_every_s = reminder_every_s
         self.max_code_lines = max_code_lines
         self._lock = asyncio.Lock()
+
+    @property
+    def held_calls(self) -> str:
+        """Where the policy line says held calls go."""
+        return HELD_ON_TERMINAL if _isatty(self.input_fd) else HELD_NO_TERMINAL
 
     def _write(self, text: str) -> None:
         self.output.write(text)
         self.output.flush()
 
     async def __call__(self, request: ApprovalRequest) -> ApprovalResponse:
-        if not os.isatty(self.input_fd):
-            return ApprovalResponse(
-                False, approver=self.name, comment="no terminal to ask on (input is not a tty)"
-            )
+        if not _isatty(self.input_fd):
+            why = "the input is not a tty: " + NO_TERMINAL
+            return ApprovalResponse(False, approver=self.name, comment=why)
         async with self._lock:
             termios.tcflush(self.input_fd, termios.TCIFLUSH)
             self._write(render_request(request, max_code_lines=self.max_code_lines))
@@ -148,3 +256,10 @@ class TerminalApprover:
             return ApprovalResponse(True, scope="sandbox", approver=self.name)
         self._write("denied\n")
         return ApprovalResponse(False, approver=self.name, comment=f"answered {choice or 'no'!r}")
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False

@@ -7,11 +7,15 @@ Two halves, kept apart on purpose:
   approval timeout and the reasons. No I/O, no clock. It lives in
   :mod:`harombe.security.policy` and is re-exported here.
 * **Decision** (:class:`HITLGate`) turns that into an :class:`ApprovalDecision`: auto-approve
-  LOW (when configured) and rules that need no approval, reuse an "approve for this sandbox"
-  grant (which covers the same findings only, see :attr:`Reason.grant_key`), or call the
-  approver and wait at most the rule's timeout. Silence is a denial (``TIMEOUT``); so is a
-  missing or failing approver. The gate never prompts a terminal itself:
-  :mod:`harombe.security.approval.approvers` has ready-made approvers, including one that does.
+  calls at or below the gate's automatic level (``auto_approve_up_to``) and rules that need no
+  approval, reuse an "approve for this sandbox" grant (which covers the same findings only,
+  see :attr:`Reason.grant_key`), or call the approver and wait at most the rule's timeout.
+  Silence is a denial (``TIMEOUT``); so is a failing approver. A gate made without an
+  approver asks on the terminal when stdin is one (a
+  :class:`~harombe.security.approval.approvers.TerminalApprover`) and otherwise denies at
+  once, saying how to get approvals. :mod:`harombe.security.approval.approvers` has the
+  ready-made approvers; :func:`gate_from_config` picks the one ``security.hitl.approver``
+  names.
 
 Every decision is logged once as ``hitl.decided`` with the tool, risk, reasons, decision, who
 decided and how long it took.
@@ -25,13 +29,18 @@ import enum
 import inspect
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
 import structlog
 
 from harombe.errors import ApprovalDeniedError
+from harombe.security.approval.approvers import (
+    TerminalApprover,
+    approver_from_config,
+    stdin_is_tty,
+)
+from harombe.security.approval.request import ApprovalRequest, ApprovalResponse, Approver
 from harombe.security.policy.classifier import Assessment, RiskClassifier
 from harombe.security.policy.risk_table import get_sandbox_hitl_rules
 from harombe.security.policy.rules import (
@@ -53,36 +62,6 @@ __all__ = [
     "HITLGate", "HITLRule", "Operation", "Reason", "RiskClassifier", "RiskLevel",
     "gate_from_config",
 ]  # fmt: skip
-
-
-@dataclass(frozen=True)
-class ApprovalRequest:
-    """What an approver is shown: the operation, its risk, why, and how long it has."""
-
-    operation: Operation
-    risk: RiskLevel
-    reasons: tuple[Reason, ...]
-    timeout_s: float
-
-
-@dataclass(frozen=True)
-class ApprovalResponse:
-    """An approver's answer. ``scope="sandbox"`` approves the same findings (each reason's
-    :attr:`Reason.grant_key`) for the rest of the sandbox's life, never a new one;
-    ``approver`` names who answered (for the audit log)."""
-
-    approved: bool
-    scope: Literal["once", "sandbox"] = "once"
-    approver: str | None = None
-    comment: str | None = None
-
-
-#: Any callable taking an :class:`ApprovalRequest` and returning (or resolving to) a bool or
-#: an :class:`ApprovalResponse`. Sync callables run in a worker thread, so one that blocks (on
-#: a terminal, a queue, a web request) does not stall the event loop.
-Approver: TypeAlias = Callable[
-    [ApprovalRequest], "bool | ApprovalResponse | Awaitable[bool | ApprovalResponse]"
-]
 
 
 class ApprovalStatus(enum.StrEnum):
@@ -164,11 +143,22 @@ def _name_of(approver: object) -> str:
                or type(approver).__name__)  # fmt: skip
 
 
+def auto_level(value: RiskLevel | str | None) -> RiskLevel | None:
+    """An automatic level as the gate holds it: ``"none"`` (or ``None``) is no level."""
+    if value is None or (isinstance(value, str) and value.lower() == "none"):
+        return None
+    return RiskLevel.parse(value)
+
+
 class HITLGate:
     """Decides whether an operation may run; see the module docstring for the order of checks.
 
-    Without an ``approver`` every operation that needs a human is denied (fail closed), with a
-    comment saying to pass one.
+    ``auto_approve_up_to``: the highest risk approved without asking (``"none"``: nothing).
+    Left out, it is the guide's classic LOW, or nothing when ``auto_approve_low_risk`` is
+    false; :func:`gate_from_config` passes the config's level (HIGH by default).
+
+    Without an ``approver`` an operation that needs a human is asked on the terminal when
+    stdin is one, and otherwise denied at once (fail closed) with a comment saying what to do.
     """
 
     def __init__(
@@ -177,11 +167,18 @@ class HITLGate:
         approver: Approver | None = None,
         *,
         auto_approve_low_risk: bool = True,
+        auto_approve_up_to: RiskLevel | str | None = None,
     ) -> None:
         self.classifier = classifier or RiskClassifier()
         self.approver = approver
         self.auto_approve_low_risk = auto_approve_low_risk
+        self.auto_approve_up_to: RiskLevel | None = (
+            auto_level(auto_approve_up_to)
+            if auto_approve_up_to is not None
+            else (RiskLevel.LOW if auto_approve_low_risk else None)
+        )
         self._grants: dict[str, set[GrantKey]] = {}
+        self._terminal: Approver | None = None
 
     async def check_approval(self, op: Operation) -> ApprovalDecision:
         """The decision on ``op``, in the order of the module docstring; logged once as
@@ -223,29 +220,41 @@ class HITLGate:
         return decision
 
     def _without_asking(self, op: Operation, assessment: Assessment) -> _Verdict | None:
-        """The verdict when no approver needs asking (rule, LOW, grant, no approver), else None."""
+        """The verdict when no approver needs asking (rule, automatic level, grant, nobody to
+        ask), else None."""
         if not assessment.require_approval:
             return _Verdict(ApprovalStatus.AUTO_APPROVED, "rule")
-        if assessment.risk == RiskLevel.LOW and self.auto_approve_low_risk:
-            return _Verdict(ApprovalStatus.AUTO_APPROVED, "auto_approve_low_risk")
+        level = self.auto_approve_up_to
+        if level is not None and assessment.risk <= level:
+            by = "auto_approve_low_risk" if level == RiskLevel.LOW else "auto_approve_up_to"
+            return _Verdict(ApprovalStatus.AUTO_APPROVED, by)
         granted = self._grants.get(op.sandbox_id, set()) if op.sandbox_id else set()
         # Covered only if every finding of this call was among those approved: a new
         # construct, a new target or a new rule is asked about again.
         if assessment.grant_keys and assessment.grant_keys <= granted:
             return _Verdict(ApprovalStatus.APPROVED, "sandbox_grant", scope="sandbox")
-        if self.approver is None:
+        if self._approver() is None:
             return _Verdict(
                 ApprovalStatus.DENIED,
                 "no_approver",
-                "no approver is configured; pass approver= to HITLGate, "
-                "e.g. harombe.security.approval.approvers.TerminalApprover()",
+                "no approver is configured and stdin is not a terminal to ask on; pass "
+                "approver= to HITLGate, e.g. harombe.security.approval.approvers."
+                "TerminalApprover(), or run from a terminal",
             )
         return None
+
+    def _approver(self) -> Approver | None:
+        """The approver to ask: the one given, else a terminal when stdin is one."""
+        if self.approver is not None:
+            return self.approver
+        if self._terminal is None and stdin_is_tty():
+            self._terminal = TerminalApprover()
+        return self._terminal
 
     async def _ask_approver(self, op: Operation, assessment: Assessment) -> _Verdict:
         """Ask the approver, waiting at most the rule's timeout; only a True answer approves."""
         request = ApprovalRequest(op, assessment.risk, _shown(assessment), assessment.timeout_s)
-        name = _name_of(self.approver)
+        name = _name_of(self._approver())
         try:
             answer = await asyncio.wait_for(self._ask(request), assessment.timeout_s)
         except TimeoutError:
@@ -278,7 +287,7 @@ class HITLGate:
             raise RuntimeError(f"the approver raised {exc!r}") from exc
 
     async def _call_approver(self, request: ApprovalRequest) -> object:
-        approver = self.approver
+        approver = self._approver()
         assert approver is not None
         call = getattr(approver, "__call__", approver)  # noqa: B004 - callable instances
         if inspect.iscoroutinefunction(approver) or inspect.iscoroutinefunction(call):
@@ -306,15 +315,36 @@ class HITLGate:
         return frozenset(self._grants.get(sandbox_id, ()))
 
 
-def gate_from_config(config: Any, approver: Approver | None = None) -> HITLGate | None:
-    """The gate ``config.security.hitl`` describes (default rules plus its ``rules``), or
-    ``None`` when ``hitl.enabled`` is false. ``config`` is a :class:`~harombe.config.HarombeConfig`.
-    """
+class _FromConfig:
+    def __repr__(self) -> str:
+        return "FROM_CONFIG"
+
+
+#: The default ``gate`` of surfaces that take one (the tools, ``run_sandboxed``): the gate
+#: the configuration describes, as :func:`gate_from_config` builds it. ``None`` means no gate.
+FROM_CONFIG: Any = _FromConfig()
+
+
+def gate_from_config(
+    config: Any, approver: Approver | None = None, *, surface_approver: Approver | None = None
+) -> HITLGate | None:
+    """The gate ``config.security.hitl`` describes (default rules plus its ``rules``, its
+    automatic level), or ``None`` when ``hitl.enabled`` is false. ``config`` is a
+    :class:`~harombe.config.HarombeConfig`.
+
+    Who is asked: ``approver`` when given (the caller's choice wins); else the one
+    ``security.hitl.approver`` names when it is not ``auto``; else ``surface_approver`` (the
+    person a surface can reach: the approvals page, MCP elicitation); else a terminal when
+    stdin is one, and otherwise an approver that denies at once, saying how to get approvals
+    (see :func:`~harombe.security.approval.approvers.approver_from_config`). A bad dotted path
+    is a :class:`~harombe.errors.ConfigError`."""
     hitl = config.security.hitl
     if not hitl.enabled:
         return None
     rules = get_sandbox_hitl_rules()
     rules += [HITLRule(**rule.model_dump()) for rule in hitl.rules]
+    chosen = approver or approver_from_config(hitl, surface=surface_approver)
     return HITLGate(
-        RiskClassifier(rules), approver, auto_approve_low_risk=hitl.auto_approve_low_risk
-    )
+        RiskClassifier(rules), chosen, auto_approve_low_risk=hitl.auto_approve_low_risk,
+        auto_approve_up_to=hitl.auto_level,
+    )  # fmt: skip
