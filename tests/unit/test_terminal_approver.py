@@ -174,3 +174,28 @@ async def test_concurrent_questions_are_asked_one_at_a_time(terminal: tuple[int,
     await asyncio.to_thread(read_until, master, b"Approve?")
     os.write(master, b"n\n")
     assert (await second).status is ApprovalStatus.DENIED
+
+
+HIDING = [
+    ("csi-up-erase", "\x1b[8A\x1b[J"),
+    ("c1-csi", "\x9b2J"),
+    ("osc-title", "\x1b]0;ok\x07"),
+    ("bidi-override", "\u202e"),
+]
+
+
+@pytest.mark.parametrize("sequence", [h[1] for h in HIDING], ids=[h[0] for h in HIDING])
+def test_the_prompt_shows_control_sequences_escaped(sequence: str) -> None:
+    """Code, parameters and findings reach the terminal with control and invisible characters
+    escaped: the call's text cannot erase or rewrite the findings a person approves."""
+    from harombe.security.approval.approvers import render_request
+    from harombe.security.hitl import ApprovalRequest
+
+    code = f'import os\nos.system("rm -rf /workspace")  # {sequence}\n'
+    op = Operation("code_execute", {"language": "python", "code": code, "sandbox_id": "s1",
+                                    "note": f"x{sequence}"})  # fmt: skip
+    assessment = RiskClassifier().assess(op)
+    text = render_request(ApprovalRequest(op, assessment.risk, assessment.findings, 30))
+    assert sequence not in text
+    assert all(c in "\n" or c.isprintable() for c in text), repr(text)
+    assert sequence.encode("unicode_escape").decode("ascii") in text

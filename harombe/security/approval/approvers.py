@@ -20,6 +20,7 @@ import math
 import os
 import sys
 import termios
+import unicodedata
 from collections.abc import Callable
 from typing import Any, TextIO
 
@@ -121,6 +122,25 @@ def approver_from_config(hitl: Any, *, surface: Approver | None = None) -> Appro
     return TerminalApprover() if stdin_is_tty() else NobodyToAsk()
 
 
+#: Unicode categories escaped on the prompt: controls (C0, DEL, C1), format characters
+#: (bidirectional overrides, zero-width), line and paragraph separators, lone surrogates.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _visible(text: str) -> str:
+    """``text`` with control and invisible characters escaped (``\\x1b``, ``\\u202e``): what
+    a call carries cannot move the cursor, erase lines or reorder them on the person's
+    terminal, so the findings they approve are the ones on screen."""
+    if text.isprintable():
+        return text
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(char) in _UNSAFE
+        else char
+        for char in text
+    )
+
+
 def deny_all(request: ApprovalRequest) -> ApprovalResponse:
     """Deny every request."""
     return ApprovalResponse(False, approver="deny_all", comment="deny_all approves nothing")
@@ -141,18 +161,19 @@ def approve_up_to(level: RiskLevel | str) -> Callable[[ApprovalRequest], Approva
 
 
 def render_request(request: ApprovalRequest, *, max_code_lines: int = 60) -> str:
-    """The text a person sees: tool, sandbox, risk, reasons, parameters, numbered code."""
+    """The text a person sees: tool, sandbox, risk, reasons, parameters, numbered code, each
+    with control and invisible characters escaped."""
     op = request.operation
     lines = [
         "",
-        f"── approval needed: {op.tool_name} ── risk {request.risk} ──",
-        f"sandbox: {op.sandbox_id or '(new sandbox)'}",
+        f"── approval needed: {_visible(op.tool_name)} ── risk {request.risk} ──",
+        f"sandbox: {_visible(op.sandbox_id or '(new sandbox)')}",
         "why:",
-        *(f"  - {reason}" for reason in request.reasons),
+        *(f"  - {_visible(str(reason))}" for reason in request.reasons),
     ]
     for key, value in op.params.items():
         if key not in CODE_PARAMS and key != "sandbox_id" and value not in (None, [], ""):
-            lines.append(f"{key}: {value}")
+            lines.append(_visible(f"{key}: {value}"))
     for key in CODE_PARAMS:
         text = op.params.get(key)
         if isinstance(text, str):
@@ -160,7 +181,7 @@ def render_request(request: ApprovalRequest, *, max_code_lines: int = 60) -> str
             width = len(str(len(code_lines)))
             lines.append(f"{key}:")
             for number, line in enumerate(code_lines[:max_code_lines], start=1):
-                lines.append(f"  {number:>{width}} │ {line}")
+                lines.append(f"  {number:>{width}} │ {_visible(line)}")
             if len(code_lines) > max_code_lines:
                 lines.append(f"  … {len(code_lines) - max_code_lines} more lines not shown")
     return "\n".join(lines) + "\n"
