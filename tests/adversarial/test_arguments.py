@@ -146,7 +146,11 @@ async def test_ambiguous_arguments_are_refused_before_anyone_is_asked(
     assert listed["files"] == [], "the refused call changed the workspace"
 
 
-DOTENV_RULES = load_config(REPO / "config" / "harombe.yaml", environ={})
+#: The shipped config's rules, with HIGH asked too (by default it runs at once).
+DOTENV_RULES = load_config(
+    REPO / "config" / "harombe.yaml",
+    environ={"HAROMBE__SECURITY__HITL__AUTO_APPROVE_UP_TO": "medium"},
+)
 
 SAME_AS: list[tuple[str, Call, str, str]] = [
     ("dotenv-dot-slash", lambda t, s: t.code_read_file(s, "./.env"), ".env", "CRITICAL"),

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from harombe.config import parse_config
 from harombe.errors import FileError, MountError, UsageError
 from harombe.mounts import run_sandboxed_async
 from harombe.mounts_host import MountLimits, Snapshot, apply_changes, snapshot
@@ -495,6 +496,8 @@ class _StubManager:
         self.tmp.mkdir()
         self.files = _StubFiles(self)
         self.limits = _Limits()
+        # The gate: the tests' runs are plain, auto-approved code; the config says so.
+        self.config = parse_config({})
         self.sandboxes: set[str] = set()
         self.program: Callable[[Path], None] = lambda mnt: None
         self.scan: Callable[[Path], None] | None = None

@@ -65,7 +65,9 @@ def recording_manager(**limits: Any) -> tuple[SandboxManager, Recorder]:
                                     "content": content}))  # fmt: skip
         return len(content)
 
-    async def install_package(sandbox_id: str, package: str, registry: str) -> Any:
+    async def install_package(
+        sandbox_id: str, package: str, registry: str, *, on_progress: Any = None
+    ) -> Any:
         rec.calls.append(("install", {"package": package, "registry": registry}))
         return SimpleNamespace(success=True, sandbox_id=sandbox_id, stdout="", stderr="",
                                error=None, warnings=[], replaced_sandbox_id=None)  # fmt: skip
