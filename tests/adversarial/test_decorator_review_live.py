@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from harombe import decorator, sandbox
+from harombe.config import load_config
 from harombe.errors import SerializationError
 from harombe.security.docker_manager import DockerManager
 from harombe.security.runtime.sandbox import LABEL_OWNER
@@ -28,8 +30,11 @@ POISON = "harombe_review_poisoned"
 
 @pytest.fixture(scope="module", autouse=True)
 def _fresh_runner() -> Iterator[None]:
-    """One private loop for this module, shut down (its sandboxes removed) at the end."""
-    decorator.configure()
+    """One private loop for this module, shut down (its sandboxes removed) at the end. The
+    config's gate is off: these probes are about isolation (one starts a process on purpose,
+    which the gate rates CRITICAL)."""
+    off = {**os.environ, "HAROMBE__SECURITY__HITL__ENABLED": "false"}
+    decorator.configure(config=load_config(environ=off))
     yield
     decorator.shutdown()
 
