@@ -66,6 +66,8 @@ log = structlog.get_logger(__name__)
 PTH_PREFIX = "harombe-env-"
 __all__ = ["Environment", "EnvironmentStore", "Progress", "default_directory"]
 LOCK_POLL_S = 0.05
+#: How many times (LOCK_POLL_S apart) a link looks for an environment an eviction moved aside.
+LINK_CHECKS = 20
 MAX_MODULES = 50
 #: A request found in the cache is answered from memory for this long before disk is read
 #: again (the TTL, a rebuild elsewhere, an eviction).
@@ -181,10 +183,12 @@ class EnvironmentStore:
         wanted = request_hash(requirements, target, constraints, self.index_urls)
         if not refresh:
             recent = self._recent.get(wanted)
-            if recent is not None and time.monotonic() - recent[1] < min(
-                RECHECK_S, self.resolve_ttl_s
+            if (
+                recent is not None
+                and time.monotonic() - recent[1] < min(RECHECK_S, self.resolve_ttl_s)
+                and await asyncio.to_thread(self._held_if_present, recent[0].key)
             ):
-                return recent[0]  # looked up on disk a moment ago: no I/O for a pool claim
+                return recent[0]  # looked up on disk a moment ago: not resolved again
             known = await asyncio.to_thread(self._remembered, wanted)
             if known is not None:
                 self._recent[wanted] = (known, time.monotonic())
@@ -208,6 +212,24 @@ class EnvironmentStore:
             return self.load(str(memo["key"]), reused=True)
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def _held_if_present(self, key: str) -> bool:
+        """Hold ``key`` briefly; whether it is still published (another process may have
+        evicted it since it was looked up)."""
+        self.holds.hold_briefly(key)
+        return (self.envs / key / "manifest.json").is_file()
+
+    def hold_linked(self, key: str) -> bool:
+        """Hold ``key`` as linked into a sandbox, then confirm it is still published: once
+        this returns True no eviction, in any process, takes it while the hold lasts; False
+        means it was evicted before the hold (link nothing). Blocking: run it in a thread."""
+        self.holds.write([key])
+        # An eviction that moved it aside just before the hold puts it back when it sees it.
+        for _ in range(LINK_CHECKS):
+            if (self.envs / key / "manifest.json").is_file():
+                return True
+            time.sleep(LOCK_POLL_S)
+        return False
 
     def _remember(self, wanted: str, key: str) -> None:
         path = self.directory / "requests" / f"{wanted}.json"

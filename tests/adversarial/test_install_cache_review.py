@@ -1,0 +1,75 @@
+"""Adversarial review of the install cache's size cap and holds, and of install progress
+callbacks (no Docker): evictions by another process between a lookup and a link, callbacks
+that never return."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from harombe.security.runtime import install_progress
+from harombe.security.runtime.environments import EnvironmentStore
+from harombe.security.runtime.install_progress import InstallProgress, Reporter
+from tests.adversarial.test_environments_review import LocalStore
+from tests.unit.test_environments import TARGET, make_wheel
+
+
+def _stores(tmp_path: Path) -> tuple[LocalStore, EnvironmentStore]:
+    """A user's store and another process's (max_mb 0: whatever nothing holds goes)."""
+    wheels = [make_wheel(tmp_path, files={"tinypkg/d": b"z" * 4096})]
+    user = LocalStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=3600, wheels=wheels)
+    user.open()
+    other = EnvironmentStore(tmp_path / "cache", max_mb=0, resolve_ttl_s=3600)
+    return user, other
+
+
+async def test_a_request_answered_from_memory_is_never_an_evicted_environment(
+    tmp_path: Path,
+) -> None:
+    """A set looked up a moment ago, whose last sandbox is gone and which another process has
+    evicted since, is built again: ensure never returns an environment that is not there."""
+    user, other = _stores(tmp_path)
+    await user.ensure(["tinypkg"], target=TARGET)  # built
+    first = await user.ensure(["tinypkg"], target=TARGET)  # looked up, remembered
+    user.holds.write([first.key])  # a sandbox linked it ...
+    user.holds.write()  # ... and was destroyed: nothing holds it now
+    assert other.evict() == [first.key]
+    again = await user.ensure(["tinypkg"], target=TARGET)
+    assert (user.envs / again.key / "manifest.json").is_file()
+
+
+async def test_a_link_hold_confirms_the_environment_is_still_there(tmp_path: Path) -> None:
+    """Holding an environment for a link says whether it is still published; once held, an
+    eviction in another process leaves it in place."""
+    user, other = _stores(tmp_path)
+    env = await user.ensure(["tinypkg"], target=TARGET)
+    user.holds.unhold(env.key)
+    assert user.hold_linked(env.key) is True
+    assert other.evict() == []
+    assert (user.envs / env.key / "manifest.json").is_file()
+    user.holds.write()  # its sandbox is gone
+    assert other.evict() == [env.key]
+    assert user.hold_linked(env.key) is False
+
+
+async def test_an_async_progress_callback_that_never_returns_does_not_hang_the_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A coroutine callback that never finishes is given up on (and not called again); the
+    install's own steps go on."""
+    monkeypatch.setattr(install_progress, "CALLBACK_WAIT_S", 0.2)
+    calls: list[str] = []
+
+    async def stuck(event: InstallProgress) -> None:
+        calls.append(str(event))
+        await asyncio.Event().wait()
+
+    say = Reporter(stuck)
+    started = time.monotonic()
+    await asyncio.wait_for(say("resolving", "resolving x"), timeout=30)
+    await asyncio.wait_for(say("done", "installed x"), timeout=30)
+    assert calls == ["resolving x"]
+    assert time.monotonic() - started < 30
