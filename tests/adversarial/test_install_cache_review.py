@@ -5,6 +5,7 @@ that never return."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -73,3 +74,23 @@ async def test_an_async_progress_callback_that_never_returns_does_not_hang_the_i
     await asyncio.wait_for(say("done", "installed x"), timeout=30)
     assert calls == ["resolving x"]
     assert time.monotonic() - started < 30
+
+
+async def test_a_hold_left_by_a_dead_process_whose_pid_was_reused_does_not_pin(
+    tmp_path: Path,
+) -> None:
+    """A hold file of a process that died without removing it, whose pid now belongs to
+    another process (a restarted container's pid 1), does not keep its environment from
+    eviction; this process's own holds still do."""
+    user, other = _stores(tmp_path)
+    env = await user.ensure(["tinypkg"], target=TARGET)
+    user.holds.unhold(env.key)
+    later = time.time() + 3600
+    stale = user.directory / "holds" / f"{env.key}.{os.getpid()}.1-42"  # started at tick 1
+    stale.touch()
+    os.utime(stale, (later, later))
+    user.hold(env.key)
+    assert other.evict() == []  # held by this live process
+    user.release(env.key)
+    assert other.evict() == [env.key]
+    assert not stale.exists()

@@ -2,9 +2,9 @@
 debris of builders that died removed. Part of :class:`.environments.EnvironmentStore`.
 
 What is in use is never evicted: a process records each environment its live (or pooled)
-sandboxes link, and each one it is about to hand out, as a hold file ``holds/<key>.<pid>.<n>``
-whose mtime is the time it holds until (:mod:`.environment_holds`). A hold counts while its
-process is alive and its time has not passed."""
+sandboxes link, and each one it is about to hand out, as a hold file (:mod:`.environment_holds`)
+whose mtime is the time it holds until. A hold counts while its process (pid and start time)
+is alive and its time has not passed."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import structlog
 
 from harombe.errors import PackageFetchError
+from harombe.security.runtime.environment_holds import hold_alive
 from harombe.security.runtime.environment_unpack import remove_tree
 
 log = structlog.get_logger(__name__)
@@ -51,7 +52,7 @@ def held_keys(store: EnvironmentStore, *, now: float) -> set[str]:
         for entry in os.scandir(store.directory / "holds"):
             parts = entry.name.split(".")
             with contextlib.suppress(OSError, ValueError):
-                if len(parts) == 3 and _alive(int(parts[1])):
+                if len(parts) == 3 and hold_alive(int(parts[1]), parts[2].partition("-")[0]):
                     if entry.stat(follow_symlinks=False).st_mtime > now:
                         held.add(parts[0])
                     continue

@@ -13,7 +13,7 @@ directory: no download, no copy, no pip. Layout of the cache directory::
         manifest.json        requirements asked, wheels (file, sha256), target, size
     requests/<hash>.json     a requirement set as asked -> the environment it resolved to
     used/<key>               touched on every use: the least recently used go first
-    holds/<key>.<pid>.<n>    an environment a process's sandboxes use (never evicted)
+    holds/<key>.<pid>.<s>-<n>  an environment a process's sandboxes use (never evicted)
     locks/<hash>.lock        one builder per requirement set, across processes
     tmp/                     staging: an environment appears in envs/ by one rename
 
