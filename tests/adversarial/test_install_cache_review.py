@@ -5,15 +5,20 @@ that never return."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from harombe.security.runtime import install_progress
-from harombe.security.runtime.environments import EnvironmentStore
+from harombe.errors import PackageFetchError
+from harombe.security.runtime import environments, install_progress
+from harombe.security.runtime.environments import EnvironmentStore, environment_key
 from harombe.security.runtime.install_progress import InstallProgress, Reporter
+from harombe.security.runtime.packages.wheels import Wheel
 from tests.adversarial.test_environments_review import LocalStore
 from tests.unit.test_environments import TARGET, make_wheel
 
@@ -94,3 +99,45 @@ async def test_a_hold_left_by_a_dead_process_whose_pid_was_reused_does_not_pin(
     user.release(env.key)
     assert other.evict() == [env.key]
     assert not stale.exists()
+
+
+def test_two_builders_publishing_at_once_keep_the_cap(tmp_path: Path) -> None:
+    """Two processes that each make room for a set and publish it at the same moment do not
+    leave the cache over its cap together: the second to make room sees the first's set."""
+    first = EnvironmentStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=3600)
+    first.open()
+    second = EnvironmentStore(tmp_path / "cache", max_mb=64, resolve_ttl_s=3600)
+    for store in (first, second):
+        store.max_bytes = 1 << 20
+    wheels = [make_wheel(tmp_path, f"cap{i}", files={f"cap{i}/d": bytes([i]) * (600 << 10)})
+              for i in range(2)]  # fmt: skip
+    made_room = first._make_room
+    outcome: list[object] = []
+
+    def build_second() -> None:
+        try:
+            outcome.append(_build(second, [wheels[1]]))
+        except PackageFetchError as exc:
+            outcome.append(exc)
+
+    def room_then_other_process(key: str, size: int, requirements: Sequence[str]) -> None:
+        made_room(key, size, requirements)
+        other = threading.Thread(target=build_second)
+        other.start()  # the other process makes room and publishes now, if it can
+        other.join(timeout=3)
+        threads.append(other)
+
+    threads: list[threading.Thread] = []
+    first._make_room = room_then_other_process  # type: ignore[method-assign]
+    with contextlib.suppress(PackageFetchError):  # either may be the one refused
+        _build(first, [wheels[0]])
+    for thread in threads:
+        thread.join(timeout=60)
+    assert outcome
+    assert environments.tree_bytes(first.envs) <= first.max_bytes
+
+
+def _build(store: EnvironmentStore, wheels: list[Wheel]) -> object:
+    hashed = [(w, environments.sha256_of(w.path)) for w in wheels]
+    key = environment_key([(w.path.name, h) for w, h in hashed], TARGET)
+    return store._build(key, hashed, ("x",), TARGET)

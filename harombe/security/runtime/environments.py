@@ -253,6 +253,18 @@ class EnvironmentStore:
         finally:
             os.close(fd)  # releases the lock
 
+    @contextlib.contextmanager
+    def _publishing(self) -> Any:
+        """The cache-wide lock (threads and processes) under which a builder makes room and
+        publishes: two builders at once cannot each count the room the other is taking.
+        Blocking: builds run in a thread."""
+        fd = os.open(self.directory / "locks" / "publish.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
     async def _resolve_and_build(
         self, requirements: Sequence[str], target: Target, constraints: Sequence[str],
         say: Reporter,
@@ -335,12 +347,13 @@ class EnvironmentStore:
             make_read_only(stage)
             self.holds.hold_briefly(key)  # no eviction elsewhere takes it as it appears
             self.touch(key)
-            self._make_room(key, size, requirements)
-            try:
-                os.rename(stage, self.envs / key)
-            except OSError:  # published meanwhile by another process: theirs is the same
-                if not (self.envs / key / "manifest.json").is_file():
-                    raise
+            with self._publishing():  # one builder at a time counts the room and fills it
+                self._make_room(key, size, requirements)
+                try:
+                    os.rename(stage, self.envs / key)
+                except OSError:  # published meanwhile by another process: theirs is the same
+                    if not (self.envs / key / "manifest.json").is_file():
+                        raise
         finally:
             if stage.exists():
                 remove_tree(stage)
