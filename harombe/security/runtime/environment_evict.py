@@ -48,11 +48,15 @@ def _used_at(store: EnvironmentStore, key: str) -> float:
 def held_keys(store: EnvironmentStore, *, now: float) -> set[str]:
     """Keys with a hold of a live process that has not run out; dead holds are removed."""
     held: set[str] = set()
+    alive: dict[tuple[str, str], bool] = {}  # a process holds many keys: look it up once
     with contextlib.suppress(OSError):
         for entry in os.scandir(store.directory / "holds"):
             parts = entry.name.split(".")
             with contextlib.suppress(OSError, ValueError):
-                if len(parts) == 3 and hold_alive(int(parts[1]), parts[2].partition("-")[0]):
+                owner = (parts[1], parts[2].partition("-")[0]) if len(parts) == 3 else None
+                if owner is not None and owner not in alive:
+                    alive[owner] = hold_alive(int(owner[0]), owner[1])
+                if owner is not None and alive[owner]:
                     if entry.stat(follow_symlinks=False).st_mtime > now:
                         held.add(parts[0])
                     continue
