@@ -1,6 +1,7 @@
-"""Adversarial review of the install cache's size cap and holds, and of install progress
-callbacks (no Docker): evictions by another process between a lookup and a link, callbacks
-that never return."""
+"""Adversarial review of the install cache's size cap and holds, of install progress
+callbacks and of reading wheels while resolving (no Docker): evictions by another process
+between a lookup and a link, builders publishing at once, reused pids, callbacks that never
+return, a corrupt extension member."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ from harombe.errors import PackageFetchError
 from harombe.security.runtime import environments, install_progress
 from harombe.security.runtime.environments import EnvironmentStore, environment_key
 from harombe.security.runtime.install_progress import InstallProgress, Reporter
-from harombe.security.runtime.packages.wheels import Wheel
-from tests.adversarial.test_environments_review import LocalStore
+from harombe.security.runtime.packages.wheels import (
+    Wheel,
+    built_against_numpy_1,
+    read_requires_dist,
+)
+from tests.adversarial.test_environments_review import LocalStore, corrupt_deflate, patch_headers
 from tests.unit.test_environments import TARGET, make_wheel
 
 
@@ -141,3 +146,30 @@ def _build(store: EnvironmentStore, wheels: list[Wheel]) -> object:
     hashed = [(w, environments.sha256_of(w.path)) for w in wheels]
     key = environment_key([(w.path.name, h) for w, h in hashed], TARGET)
     return store._build(key, hashed, ("x",), TARGET)
+
+
+def test_a_corrupt_extension_member_does_not_break_the_numpy_scan(tmp_path: Path) -> None:
+    """A wheel from the index whose compiled extension's deflate stream is corrupt is read as
+    "not a NumPy 1.x build" while resolving (unpacking refuses it later), never a crash of
+    the resolution with zlib's own error."""
+    so = b"\x7fELF" + b"numpy.core._multiarray_umath" * 4096
+    wheel = make_wheel(tmp_path, "ext", files={"ext/_x.so": so})
+    corrupt_deflate(wheel.path, "ext/_x.so")
+    assert built_against_numpy_1(wheel.path) is False
+
+
+@pytest.mark.parametrize("how", ["corrupt-deflate", "encrypted", "unknown-method"])
+def test_an_unreadable_metadata_member_is_a_package_fetch_error(tmp_path: Path, how: str) -> None:
+    """A wheel whose METADATA cannot be read (a corrupt deflate stream, an encrypted member)
+    is refused while resolving with a PackageFetchError naming it, not zlib's or zipfile's
+    own error."""
+    wheel = make_wheel(tmp_path, "meta")
+    member = "meta-1.0.dist-info/METADATA"
+    if how == "corrupt-deflate":
+        corrupt_deflate(wheel.path, member)
+    elif how == "encrypted":
+        patch_headers(wheel.path, flag=0x1)
+    else:
+        patch_headers(wheel.path, method=99)
+    with pytest.raises(PackageFetchError, match=r"meta-1\.0-py3-none-any\.whl"):
+        read_requires_dist(wheel.path)
