@@ -58,12 +58,12 @@ async def test_a_link_hold_confirms_the_environment_is_still_there(tmp_path: Pat
     user, other = _stores(tmp_path)
     env = await user.ensure(["tinypkg"], target=TARGET)
     user.holds.unhold(env.key)
-    assert user.hold_linked(env.key) is True
+    assert user.holds.hold_linked(env.key, user.envs) is True
     assert other.evict() == []
     assert (user.envs / env.key / "manifest.json").is_file()
     user.holds.write()  # its sandbox is gone
     assert other.evict() == [env.key]
-    assert user.hold_linked(env.key) is False
+    assert user.holds.hold_linked(env.key, user.envs) is False
 
 
 async def test_an_async_progress_callback_that_never_returns_does_not_hang_the_install(

@@ -9,9 +9,10 @@ is alive and its time has not passed."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,6 +104,19 @@ def evict(
         removed.append(key)
         log.info("environment.evicted", key=key, size_bytes=size)
     return removed, total
+
+
+@contextlib.contextmanager
+def publishing(directory: Path) -> Iterator[None]:
+    """The cache-wide lock (threads and processes) under which a builder makes room and
+    publishes: two builders at once cannot each count the room the other is taking.
+    Blocking: builds run in a thread."""
+    fd = os.open(directory / "locks" / "publish.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def sweep_debris(store: EnvironmentStore, *, now: float) -> None:

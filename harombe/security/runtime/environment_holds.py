@@ -17,6 +17,9 @@ from pathlib import Path
 HOLD_S = 86400.0
 #: How long an environment just built or looked up is held for the sandbox it is for.
 BRIEF_HOLD_S = 120.0
+#: How many times (LINK_POLL_S apart) a link looks for an environment an eviction moved aside.
+LINK_CHECKS = 20
+LINK_POLL_S = 0.05
 
 
 class Holds:
@@ -50,13 +53,28 @@ class Holds:
             self._leases.pop(key, None)
         self.write()
 
-    def hold_briefly(self, key: str) -> None:
+    def hold_briefly(self, key: str, envs: Path | None = None) -> bool:
+        """Hold ``key`` for a sandbox about to link it; whether it is still published in
+        ``envs`` (not evicted since it was looked up; True without ``envs``)."""
         self._brief[key] = time.time() + BRIEF_HOLD_S
         self.write()
+        return envs is None or (envs / key / "manifest.json").is_file()
 
     def unhold(self, key: str) -> None:
         self._brief.pop(key, None)
         self.write()
+
+    def hold_linked(self, key: str, envs: Path) -> bool:
+        """Hold ``key`` as linked into a sandbox, then confirm it is still published in
+        ``envs``: once this returns True no eviction, in any process, takes it while the
+        hold lasts; False means it was evicted before the hold (link nothing). Blocking."""
+        self.write([key])
+        # An eviction that moved it aside just before the hold puts it back when it sees it.
+        for _ in range(LINK_CHECKS):
+            if (envs / key / "manifest.json").is_file():
+                return True
+            time.sleep(LINK_POLL_S)
+        return False
 
     def write(self, linked: Collection[str] = ()) -> None:
         """Make this store's hold files what it holds now; ``linked`` keys were just linked

@@ -42,7 +42,7 @@ import structlog
 
 from harombe.errors import ConfigError, PackageFetchError
 from harombe.security.runtime import packages
-from harombe.security.runtime.environment_evict import evict, make_room
+from harombe.security.runtime.environment_evict import evict, make_room, publishing
 from harombe.security.runtime.environment_holds import Holds
 from harombe.security.runtime.environment_unpack import (
     compile_tree,
@@ -66,8 +66,6 @@ log = structlog.get_logger(__name__)
 PTH_PREFIX = "harombe-env-"
 __all__ = ["Environment", "EnvironmentStore", "Progress", "default_directory"]
 LOCK_POLL_S = 0.05
-#: How many times (LOCK_POLL_S apart) a link looks for an environment an eviction moved aside.
-LINK_CHECKS = 20
 MAX_MODULES = 50
 #: A request found in the cache is answered from memory for this long before disk is read
 #: again (the TTL, a rebuild elsewhere, an eviction).
@@ -186,7 +184,7 @@ class EnvironmentStore:
             if (
                 recent is not None
                 and time.monotonic() - recent[1] < min(RECHECK_S, self.resolve_ttl_s)
-                and await asyncio.to_thread(self._held_if_present, recent[0].key)
+                and await asyncio.to_thread(self.holds.hold_briefly, recent[0].key, self.envs)
             ):
                 return recent[0]  # looked up on disk a moment ago: not resolved again
             known = await asyncio.to_thread(self._remembered, wanted)
@@ -213,24 +211,6 @@ class EnvironmentStore:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _held_if_present(self, key: str) -> bool:
-        """Hold ``key`` briefly; whether it is still published (another process may have
-        evicted it since it was looked up)."""
-        self.holds.hold_briefly(key)
-        return (self.envs / key / "manifest.json").is_file()
-
-    def hold_linked(self, key: str) -> bool:
-        """Hold ``key`` as linked into a sandbox, then confirm it is still published: once
-        this returns True no eviction, in any process, takes it while the hold lasts; False
-        means it was evicted before the hold (link nothing). Blocking: run it in a thread."""
-        self.holds.write([key])
-        # An eviction that moved it aside just before the hold puts it back when it sees it.
-        for _ in range(LINK_CHECKS):
-            if (self.envs / key / "manifest.json").is_file():
-                return True
-            time.sleep(LOCK_POLL_S)
-        return False
-
     def _remember(self, wanted: str, key: str) -> None:
         path = self.directory / "requests" / f"{wanted}.json"
         staged = path.with_suffix(f".{os.getpid()}.tmp")
@@ -249,18 +229,6 @@ class EnvironmentStore:
                     break
                 except BlockingIOError:
                     await asyncio.sleep(LOCK_POLL_S)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
-    @contextlib.contextmanager
-    def _publishing(self) -> Any:
-        """The cache-wide lock (threads and processes) under which a builder makes room and
-        publishes: two builders at once cannot each count the room the other is taking.
-        Blocking: builds run in a thread."""
-        fd = os.open(self.directory / "locks" / "publish.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
             os.close(fd)  # releases the lock
@@ -347,7 +315,7 @@ class EnvironmentStore:
             make_read_only(stage)
             self.holds.hold_briefly(key)  # no eviction elsewhere takes it as it appears
             self.touch(key)
-            with self._publishing():  # one builder at a time counts the room and fills it
+            with publishing(self.directory):  # one builder at a time makes room, fills it
                 self._make_room(key, size, requirements)
                 try:
                     os.rename(stage, self.envs / key)

@@ -198,7 +198,7 @@ class Installs:
         assert self.store is not None
         box.linked.add(env.key)  # not evicted while the sandbox lives
         self._linked[box.sandbox_id] = box
-        if not await asyncio.to_thread(self.store.hold_linked, env.key):  # nor elsewhere
+        if not await asyncio.to_thread(self.store.holds.hold_linked, env.key, self.store.envs):
             box.linked.discard(env.key)
             raise PackageFetchError(
                 f"the environment of {', '.join(env.requirements)} was evicted from the "
