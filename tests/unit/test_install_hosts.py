@@ -178,8 +178,8 @@ async def test_every_file_must_come_from_an_allowed_host() -> None:
     ("log_text", "refused"),
     [
         ("12 http fetch GET 200 https://registry.example.org/left-pad 30ms (cache miss)\n"
-         "13 http fetch GET 200 https://registry.example.org/left-pad/-/left-pad-1.3.0.tgz 5ms",
-         None),
+         "13 http fetch GET 200 https://registry.example.org/left-pad/-/left-pad-1.3.0.tgz 5ms\n"
+         "14 verbose exit 0", None),
         ("12 http fetch GET 200 https://registry.example.org/x 30ms\n"
          "13 http fetch GET 200 https://cdn.elsewhere.example/x.tgz 5ms", "cdn.elsewhere.example"),
         ("1 verbose cli npm\n", "does not say where"),

@@ -2,22 +2,24 @@
 debris of builders that died removed. Part of :class:`.environments.EnvironmentStore`.
 
 What is in use is never evicted: a process records each environment its live (or pooled)
-sandboxes link, and each one it is about to hand out, as a hold file ``holds/<key>.<pid>.<n>``
-whose mtime is the time it holds until (:mod:`.environment_holds`). A hold counts while its
-process is alive and its time has not passed."""
+sandboxes link, and each one it is about to hand out, as a hold file (:mod:`.environment_holds`)
+whose mtime is the time it holds until. A hold counts while its process (pid and start time)
+is alive and its time has not passed."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 import structlog
 
 from harombe.errors import PackageFetchError
+from harombe.security.runtime.environment_holds import hold_alive
 from harombe.security.runtime.environment_unpack import remove_tree
 
 log = structlog.get_logger(__name__)
@@ -47,11 +49,15 @@ def _used_at(store: EnvironmentStore, key: str) -> float:
 def held_keys(store: EnvironmentStore, *, now: float) -> set[str]:
     """Keys with a hold of a live process that has not run out; dead holds are removed."""
     held: set[str] = set()
+    alive: dict[tuple[str, str], bool] = {}  # a process holds many keys: look it up once
     with contextlib.suppress(OSError):
         for entry in os.scandir(store.directory / "holds"):
             parts = entry.name.split(".")
             with contextlib.suppress(OSError, ValueError):
-                if len(parts) == 3 and _alive(int(parts[1])):
+                owner = (parts[1], parts[2].partition("-")[0]) if len(parts) == 3 else None
+                if owner is not None and owner not in alive:
+                    alive[owner] = hold_alive(int(owner[0]), owner[1])
+                if owner is not None and alive[owner]:
                     if entry.stat(follow_symlinks=False).st_mtime > now:
                         held.add(parts[0])
                     continue
@@ -98,6 +104,19 @@ def evict(
         removed.append(key)
         log.info("environment.evicted", key=key, size_bytes=size)
     return removed, total
+
+
+@contextlib.contextmanager
+def publishing(directory: Path) -> Iterator[None]:
+    """The cache-wide lock (threads and processes) under which a builder makes room and
+    publishes: two builders at once cannot each count the room the other is taking.
+    Blocking: builds run in a thread."""
+    fd = os.open(directory / "locks" / "publish.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def sweep_debris(store: EnvironmentStore, *, now: float) -> None:

@@ -13,7 +13,7 @@ directory: no download, no copy, no pip. Layout of the cache directory::
         manifest.json        requirements asked, wheels (file, sha256), target, size
     requests/<hash>.json     a requirement set as asked -> the environment it resolved to
     used/<key>               touched on every use: the least recently used go first
-    holds/<key>.<pid>.<n>    an environment a process's sandboxes use (never evicted)
+    holds/<key>.<pid>.<s>-<n>  an environment a process's sandboxes use (never evicted)
     locks/<hash>.lock        one builder per requirement set, across processes
     tmp/                     staging: an environment appears in envs/ by one rename
 
@@ -42,7 +42,7 @@ import structlog
 
 from harombe.errors import ConfigError, PackageFetchError
 from harombe.security.runtime import packages
-from harombe.security.runtime.environment_evict import evict, make_room
+from harombe.security.runtime.environment_evict import evict, make_room, publishing
 from harombe.security.runtime.environment_holds import Holds
 from harombe.security.runtime.environment_unpack import (
     compile_tree,
@@ -181,10 +181,12 @@ class EnvironmentStore:
         wanted = request_hash(requirements, target, constraints, self.index_urls)
         if not refresh:
             recent = self._recent.get(wanted)
-            if recent is not None and time.monotonic() - recent[1] < min(
-                RECHECK_S, self.resolve_ttl_s
+            if (
+                recent is not None
+                and time.monotonic() - recent[1] < min(RECHECK_S, self.resolve_ttl_s)
+                and await asyncio.to_thread(self.holds.hold_briefly, recent[0].key, self.envs)
             ):
-                return recent[0]  # looked up on disk a moment ago: no I/O for a pool claim
+                return recent[0]  # looked up on disk a moment ago: not resolved again
             known = await asyncio.to_thread(self._remembered, wanted)
             if known is not None:
                 self._recent[wanted] = (known, time.monotonic())
@@ -313,12 +315,13 @@ class EnvironmentStore:
             make_read_only(stage)
             self.holds.hold_briefly(key)  # no eviction elsewhere takes it as it appears
             self.touch(key)
-            self._make_room(key, size, requirements)
-            try:
-                os.rename(stage, self.envs / key)
-            except OSError:  # published meanwhile by another process: theirs is the same
-                if not (self.envs / key / "manifest.json").is_file():
-                    raise
+            with publishing(self.directory):  # one builder at a time makes room, fills it
+                self._make_room(key, size, requirements)
+                try:
+                    os.rename(stage, self.envs / key)
+                except OSError:  # published meanwhile by another process: theirs is the same
+                    if not (self.envs / key / "manifest.json").is_file():
+                        raise
         finally:
             if stage.exists():
                 remove_tree(stage)

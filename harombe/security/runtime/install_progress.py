@@ -73,8 +73,9 @@ ProgressCallback = Callable[[InstallProgress], Awaitable[None] | None]
 
 
 class Reporter:
-    """Sends each event to ``callback`` (sync or async) and logs it. A callback that raises is
-    logged and not called again: showing progress never fails an install."""
+    """Sends each event to ``callback`` (sync or async) and logs it. A callback that raises,
+    or whose awaitable takes longer than :data:`CALLBACK_WAIT_S`, is logged and not called
+    again: showing progress never fails or holds an install."""
 
     def __init__(self, callback: ProgressCallback | None = None, **context: Any) -> None:
         self._callback = callback
@@ -95,7 +96,8 @@ class Reporter:
         try:
             answer = self._callback(event)
             if inspect.isawaitable(answer):
-                await answer
+                # One that never finishes must not hold the install (and its lock) forever.
+                await asyncio.wait_for(answer, CALLBACK_WAIT_S)
         except Exception as exc:  # noqa: BLE001 - the caller's display, not the install
             log.warning("install.progress_callback_failed", error=repr(exc)[:200])
             self._callback = None
@@ -113,6 +115,8 @@ class Reporter:
         return step
 
 
+#: How long an async callback may take over one event before it is given up on.
+CALLBACK_WAIT_S = 10.0
 #: How long a worker thread waits for a progress callback before going on.
 THREAD_WAIT_S = 5.0
 #: Longest message or package name an event carries.

@@ -29,7 +29,7 @@ import structlog
 
 from harombe.config import INTERPRETERS, REGISTRY_LANGUAGES, NetworkConfig
 from harombe.config_environments import InstallCacheConfig
-from harombe.errors import UsageError
+from harombe.errors import PackageFetchError, UsageError
 from harombe.security.runtime import packages
 from harombe.security.runtime.environments import Environment, EnvironmentStore, default_directory
 from harombe.security.runtime.files import Files
@@ -193,11 +193,18 @@ class Installs:
     async def link(self, box: Sandbox, env: Environment) -> ExecutionResult:
         """Put ``env`` on the sandbox's ``sys.path``: a ``.pth`` file in its user site, which
         fresh interpreters read at start and the session interpreter before each call. Written
-        by the supervisor's unpack (no process is started); the caller holds the lock."""
+        by the supervisor's unpack (no process is started); the caller holds the lock.
+        :class:`PackageFetchError` if ``env`` was evicted before it was held for the sandbox."""
         assert self.store is not None
         box.linked.add(env.key)  # not evicted while the sandbox lives
         self._linked[box.sandbox_id] = box
-        await asyncio.to_thread(self.store.holds.write, [env.key])  # nor by other processes
+        if not await asyncio.to_thread(self.store.holds.hold_linked, env.key, self.store.envs):
+            box.linked.discard(env.key)
+            raise PackageFetchError(
+                f"the environment of {', '.join(env.requirements)} was evicted from the "
+                "install cache before it could be linked; install again (or raise "
+                "security.sandbox.install_cache.max_mb)"
+            )
         started = time.perf_counter()
         line = f"{env.site}\n".encode()
         member = tarfile.TarInfo(env.pth_name)

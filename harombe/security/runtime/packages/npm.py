@@ -65,6 +65,8 @@ NON_REGISTRY_SIGNS = (
 #: npm's debug-log line for each dependency edge it places: name, who needs it, the range.
 PLACED = re.compile(r"placeDep \S+ (\S+?)@\S* OK for: (\S*) want: (.+)$", re.MULTILINE)
 LOG_MAX_BYTES = 8 * 1024 * 1024
+#: How many of npm's debug log files are read (npm writes at most 5 a run).
+LOG_MAX_FILES = 64
 
 
 def registry_range(spec: object) -> bool:
@@ -186,9 +188,18 @@ def fetched_hosts(log_text: str) -> set[str]:
     return hosts
 
 
-def check_fetched_hosts(log_text: str, allowed_hosts: Collection[str], spec_text: str) -> None:
+#: The line npm's debug log ends a run with (every line of the log starts with its number, so
+#: a logged string cannot forge it).
+RUN_ENDED = re.compile(r"^\d+ verbose exit 0\s*$", re.MULTILINE)
+
+
+def check_fetched_hosts(
+    log_text: str, allowed_hosts: Collection[str], spec_text: str, *, runs: int = 1
+) -> None:
     """Every request npm made went to an allowed host; else :class:`PackageFetchError` naming
-    the host. A log with no request in it cannot show that: refused too."""
+    the host. A log with no request in it cannot show that: refused too, and so is one that
+    does not show each of the ``runs`` to its end (npm stops writing its log once its last
+    file is full, and later requests would go unseen)."""
     hosts = fetched_hosts(log_text)
     if not hosts:
         raise PackageFetchError(
@@ -204,6 +215,13 @@ def check_fetched_hosts(log_text: str, allowed_hosts: Collection[str], spec_text
                 f".npm lists the hosts installs may download from; add {host or 'it'} there "
                 "if it is a registry you trust, or point npm's configuration at an allowed one"
             )
+    if len(RUN_ENDED.findall(log_text)) < runs:
+        raise PackageFetchError(
+            f"npm's log of {spec_text} stops before npm finished (a tree too large for npm's "
+            "log files, or a logs-max that removed one), so where its files came from cannot "
+            "be checked against security.sandbox.network.allowed_registries.npm; remove the "
+            "host names there, or install fewer packages at once"
+        )
 
 
 async def fetch_tree(
@@ -239,8 +257,8 @@ async def fetch_tree(
     finally:
         os.close(fd)
     if allowed_hosts:
-        logs = await asyncio.to_thread(_read_logs, work / "home" / "cache" / "_logs")
-        check_fetched_hosts(logs, allowed_hosts, spec_text)
+        logs = await asyncio.to_thread(_read_logs, work / "home" / "cache" / "_logs", whole=True)
+        check_fetched_hosts(logs, allowed_hosts, spec_text, runs=2)
     modules = work / "node_modules"
     if modules.is_symlink() or not modules.is_dir():
         raise PackageFetchError(f"npm installed nothing for {spec_text}:\n{tail(output)}")
@@ -294,10 +312,11 @@ def _offender(output: str, logs: Path) -> str | None:
     return None
 
 
-def _read_logs(logs: Path) -> str:
+def _read_logs(logs: Path, *, whole: bool = False) -> str:
     """npm's debug logs in ``logs``, a directory the download user wrote: every component is
     opened without following links and only regular files are read (capped), so a planted
-    symlink (to a host secret) or FIFO is never followed or blocked on."""
+    symlink (to a host secret) or FIFO is never followed or blocked on. ``whole``: a log over
+    the cap (or more files than are read) is a :class:`PackageFetchError`, not read in part."""
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     parts = logs.parts
     texts: list[str] = []
@@ -309,19 +328,31 @@ def _read_logs(logs: Path) -> str:
     except OSError:
         return ""
     try:
-        for name in sorted(os.listdir(fd))[:64]:
-            if not name.endswith(".log"):
-                continue
+        names = sorted(n for n in os.listdir(fd) if n.endswith(".log"))
+        if whole and len(names) > LOG_MAX_FILES:
+            raise _log_too_large(f"{len(names)} files")
+        for name in names[:LOG_MAX_FILES]:
             try:
                 log_fd = os.open(name, flags, dir_fd=fd)
             except OSError:
                 continue
             with os.fdopen(log_fd, "rb") as handle:
                 if stat.S_ISREG(os.fstat(log_fd).st_mode):
-                    texts.append(handle.read(LOG_MAX_BYTES).decode("utf-8", "replace"))
+                    data = handle.read(LOG_MAX_BYTES + 1)
+                    if whole and len(data) > LOG_MAX_BYTES:
+                        raise _log_too_large(f"a file over {LOG_MAX_BYTES >> 20} MiB")
+                    texts.append(data[:LOG_MAX_BYTES].decode("utf-8", "replace"))
     finally:
         os.close(fd)
     return "\n".join(texts)
+
+
+def _log_too_large(what: str) -> PackageFetchError:
+    return PackageFetchError(
+        f"npm's log of this install is too large to check whole ({what}), so where its files "
+        "came from cannot be checked against security.sandbox.network.allowed_registries.npm; "
+        "remove the host names there, or install fewer packages at once"
+    )
 
 
 def _npm_failure(spec_text: str, output: str, logs: Path) -> Exception:

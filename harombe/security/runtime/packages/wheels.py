@@ -9,10 +9,12 @@ version ranges and extras, and which of them have no fitting wheel yet.
 
 from __future__ import annotations
 
+import lzma
 import os
 import re
 import stat
 import zipfile
+import zlib
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -199,7 +201,8 @@ def read_requires_dist(path: Path) -> list[str]:
                     )
                 with wheel.open(members[0]) as meta:
                     raw = meta.read(METADATA_MAX_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError,
+                zlib.error, lzma.LZMAError) as exc:  # fmt: skip
             raise PackageFetchError(f"{path.name} is not a valid wheel: {exc}") from None
     headers = HeaderParser().parsestr(raw[:METADATA_MAX_BYTES].decode("utf-8", "replace"))
     return [str(v) for v in headers.get_all("Requires-Dist") or []]
@@ -258,7 +261,8 @@ def built_against_numpy_1(path: Path) -> bool:
                         tail = window[-keep:]
                 if old and not new:
                     return True
-    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError):
+    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError,
+            zlib.error, lzma.LZMAError):  # fmt: skip
         return False
     return False
 
