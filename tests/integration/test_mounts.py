@@ -2,6 +2,7 @@
 and what is refused."""
 
 import asyncio
+import os
 import re
 import signal
 import stat
@@ -94,6 +95,7 @@ async def test_ctrl_c_in_the_sync_form_removes_the_sandbox(
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-c", CTRL_C_PROGRAM, str(tmp_path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HAROMBE_LOG_LEVEL": "info"},  # sandbox.created names the sandbox
     )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
     log = b""
