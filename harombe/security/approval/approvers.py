@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import termios
+import unicodedata
 from collections.abc import Callable
 from typing import TextIO
 
@@ -42,7 +43,9 @@ def approve_up_to(level: RiskLevel | str) -> Callable[[ApprovalRequest], Approva
 
 
 def render_request(request: ApprovalRequest, *, max_code_lines: int = 60) -> str:
-    """The text a person sees: tool, sandbox, risk, reasons, parameters, numbered code."""
+    """The text a person sees: tool, sandbox, risk, reasons, parameters, numbered code; control
+    and invisible characters shown escaped (``\\x1b``, ``\\u202e``), so the call's own text
+    cannot erase, move over or hide a line of what is shown."""
     op = request.operation
     lines = [
         "",
@@ -64,7 +67,23 @@ def render_request(request: ApprovalRequest, *, max_code_lines: int = 60) -> str
                 lines.append(f"  {number:>{width}} │ {line}")
             if len(code_lines) > max_code_lines:
                 lines.append(f"  … {len(code_lines) - max_code_lines} more lines not shown")
-    return "\n".join(lines) + "\n"
+    return "\n".join(_shown(line) for line in lines) + "\n"
+
+
+#: Control, format (bidirectional, zero-width), separator and surrogate characters.
+_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _shown(line: str) -> str:
+    """``line`` with its control and invisible characters but tabs escaped."""
+    if line.isprintable():
+        return line
+    return "".join(
+        char.encode("unicode_escape").decode("ascii")
+        if char != "\t" and unicodedata.category(char) in _UNSAFE
+        else char
+        for char in line
+    )
 
 
 class TerminalApprover:
