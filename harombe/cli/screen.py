@@ -9,7 +9,8 @@ string that swallows what harombe prints next).
   cursor movement, erasing the screen, modes and character sets pass; every string sequence
   (OSC, DCS, APC, PM, SOS: clipboard, titles, hyperlinks, images, pass-through to an outer
   multiplexer) is dropped, and so are window operations (``CSI … t``, resizing) and erasing the
-  scrollback (``CSI 3 J``), which reach past the session's screen;
+  scrollback (``CSI 3 J``, ``CSI ? 3 J``, and the full reset ``ESC c``, which erases it on
+  many terminals), which reach past the session's screen;
 * :data:`RESET` — written after a program's output, before harombe speaks: any open string
   ended, colours and character set reset, cursor shown, mouse reporting, bracketed paste and
   application keys off;
@@ -232,7 +233,9 @@ class ShellFilter(_Filter):
         return code not in (CAN, SUB)  # they only cancel a sequence, and none is open here
 
     def _escape(self, sequence: bytes) -> bool:
-        return sequence != b"\x1b\\"  # a string terminator with no string to end
+        # ESC \ is a string terminator with no string to end; ESC c (full reset) also erases
+        # the scrollback on many terminals (VTE, Alacritty), as ED 3 does.
+        return sequence not in (b"\x1b\\", b"\x1bc")
 
     def _csi(self, sequence: bytes) -> bool:
         final, body = sequence[-1:], sequence[2:-1]
@@ -240,8 +243,10 @@ class ShellFilter(_Filter):
             return False
         if final == b"|" and body[-1:] in (b"$", b"*"):  # DECSCPP, DECSNLS: resize
             return False
-        erases = final == b"J" and any(p.isdigit() and int(p) == 3 for p in body.split(b";"))
-        return not erases  # ED 3 erases the scrollback, which holds what came before
+        if final == b"J":  # ED, DECSED (``?``): only 0-2, the screen; 3 erases the scrollback
+            params = body.removeprefix(b"?").replace(b":", b";").split(b";")
+            return all(p == b"" or (p.isdigit() and int(p) <= 2) for p in params)
+        return True
 
 
 _UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})

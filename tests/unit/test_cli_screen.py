@@ -44,6 +44,10 @@ CASES = [
     ("window-ops", b"a\x1b[8;100;300t\x1b[21t\x1b[2tb", b"ab", b"ab"),
     ("resize-columns", b"a\x1b[132$|b", b"ab", b"ab"),
     ("erase-scrollback", b"a\x1b[3Jb", b"ab", b"ab"),
+    ("erase-scrollback-selective", b"a\x1b[?3Jb", b"ab", b"ab"),
+    ("erase-scrollback-second-param", b"a\x1b[0;3Jb", b"ab", b"ab"),
+    ("erase-scrollback-subparam", b"a\x1b[3:1Jb", b"ab", b"ab"),
+    ("erase-scrollback-leading-zeros", b"a\x1b[003Jb", b"ab", b"ab"),
     ("erase-screen", b"\x1b[H\x1b[2Jb", b"b", b"\x1b[H\x1b[2Jb"),
     ("cursor-up-rewrite", b"ok\n\x1b[1A\x1b[2Kforged", b"ok\nforged", b"ok\n\x1b[1A\x1b[2Kforged"),
     (
@@ -74,7 +78,8 @@ CASES = [
     ("bell-nul-del", b"\x07\x00x\x7f", b"x", b"\x07\x00x\x7f"),
     ("charset", b"\x1b(0lqk\x1b(B", b"lqk", b"\x1b(0lqk\x1b(B"),
     ("private-modes", b"\x1b[?1049h\x1b[?25lx", b"x", b"\x1b[?1049h\x1b[?25lx"),
-    ("reset-terminal", b"\x1bcx", b"x", b"\x1bcx"),
+    ("full-reset-erases-scrollback", b"\x1bcx", b"x", b"x"),
+    ("erase-below-and-selective-erase", b"\x1b[J\x1b[1J\x1b[?2Jx", b"x", b"\x1b[J\x1b[1J\x1b[?2Jx"),
 ]
 IDS = [case[0] for case in CASES]
 DATA = [case[1] for case in CASES]
