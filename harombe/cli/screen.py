@@ -18,12 +18,13 @@ string that swallows what harombe prints next).
   text), with control and invisible characters escaped.
 
 Both filters read the bytes as a UTF-8 terminal does, incrementally (a sequence may be split
-across reads): C1 controls, 8-bit (``0x9B``) or UTF-8 encoded (U+009B), are read as their
-``ESC`` forms (``0x9B`` is ``ESC [``, ``0x9D`` is ``ESC ]``) and never passed as such (other C1
-controls are dropped); a
-sequence is passed only once it is whole and allowed, so the terminal never starts one the
-filter did not see. Bytes that are not UTF-8 pass unless they are C1 controls. Output to a
-pipe or a file is not filtered (the bytes are the program's).
+across reads): C1 controls encoded in UTF-8 (U+009B) are read as their ``ESC`` forms (U+009B
+is ``ESC [``, U+009D is ``ESC ]``) and never passed as such (other C1 controls are dropped); a
+byte 0x80-0x9F that is not part of a character is not UTF-8 and is dropped alone (it starts
+nothing, so a Windows-1252 ``ž``, 0x9E, does not hide the output after it); a sequence is
+passed only once it is whole and allowed, so the terminal never starts one the filter did not
+see. Other bytes that are not UTF-8 pass. Output to a pipe or a file is not filtered (the
+bytes are the program's).
 """
 
 from __future__ import annotations
@@ -106,13 +107,23 @@ class _Filter:
                 self._read(again, out)
         if byte < 0x80:
             self._unit(_BYTE, byte, bytes([byte]), out)
-        elif byte <= 0x9F:  # not inside a character: an 8-bit C1 control
-            self._unit(_C1, byte, b"", out)
+        elif byte <= 0x9F:  # not inside a character: an 8-bit C1 control, not UTF-8
+            self._raw_c1(byte)
         elif byte in _LEADS:
             self._char = bytearray([byte])
             self._need, self._low, self._high = _LEADS[byte]
         else:
             self._unit(_INVALID, byte, bytes([byte]), out)
+
+    def _raw_c1(self, code: int) -> None:
+        """A byte 0x80-0x9F outside a character: a UTF-8 terminal shows it as U+FFFD and
+        starts nothing with it (nor may a terminal reading 8-bit controls: it never gets the
+        byte). Dropped; it cuts a sequence being read short, and as ST ends a string."""
+        if self._state in ("string", "string_esc"):
+            if code == C1_ST:
+                self._state = "text"
+            return
+        self._state = "text"
 
     # ---- the terminal's parser ----------------------------------------------------------
 
