@@ -198,6 +198,10 @@ class Output:
             tail = b"" if self.at_line_start else b"\n"
             sys.stderr.buffer.write((RESET if self.shown else b"") + tail)
             sys.stderr.flush()
+        elif self.shown:  # only stdout is a terminal: it is reset for what the user types next
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.buffer.write(RESET)
+                sys.stdout.flush()
 
 
 async def install_first(
