@@ -72,17 +72,27 @@ class JsonLinesFile:
         # ensure_ascii keeps a line valid UTF-8 whatever the event holds (lone surrogates too).
         line = json.dumps(dict(event_dict), default=_bounded_str, ensure_ascii=True)
         with self._lock:
-            try:
-                self._file.write(line + "\n")
-                self._file.flush()
-            except (OSError, ValueError) as exc:  # full disk, closed file: never fail a call
-                if not self._failing:
-                    _warn(f"harombe: cannot write the JSON log file {self.path} ({exc}); "
-                          "events are not being saved to it")  # fmt: skip
-                self._failing = True
-            else:
-                self._failing = False
+            closed = self._file.closed
+            if not closed:
+                self._write(line)
+        if closed and (current := _json_sink) is not None and current is not self:
+            # Logged through a configuration replaced meanwhile (another thread's call
+            # started before configure() returned): the event goes to the file now in use.
+            current(logger, method_name, event_dict)
         return event_dict
+
+    def _write(self, line: str) -> None:
+        """Append ``line`` (under the lock); a failure is said once, never raised."""
+        try:
+            self._file.write(line + "\n")
+            self._file.flush()
+        except (OSError, ValueError) as exc:  # full disk: never fail a call
+            if not self._failing:
+                _warn(f"harombe: cannot write the JSON log file {self.path} ({exc}); "
+                      "events are not being saved to it")  # fmt: skip
+            self._failing = True
+        else:
+            self._failing = False
 
     def close(self) -> None:
         with self._lock:
@@ -267,7 +277,11 @@ def _configure(
     global _json_sink
     console_level = _level(level, LIBRARY_LEVEL)
     target = os.environ.get(JSON_ENV) if json_file is None else json_file
-    sink = JsonLinesFile(target) if target else None
+    # The file in use is kept, not reopened, when asked for again (events logged meanwhile
+    # by other threads go on to it).
+    sink = _json_sink if target and _is_open(_json_sink, target) else None
+    if sink is None and target:
+        sink = JsonLinesFile(target)
     json_level = min(console_level, logging.INFO)
     lowest = json_level if sink is not None else console_level
     ours: list[Any] = [
@@ -291,9 +305,19 @@ def _configure(
         logger_factory=_stderr_factory if every_logger else _logger_factory,
         cache_logger_on_first_use=False,
     )
-    if _json_sink is not None:
-        _json_sink.close()
-    _json_sink = sink
+    previous, _json_sink = _json_sink, sink
+    if previous is not None and previous is not sink:
+        previous.close()
+
+
+def _is_open(sink: JsonLinesFile | None, target: str | os.PathLike[str]) -> bool:
+    """Whether ``sink`` writes to the file ``target`` names."""
+    if sink is None:
+        return False
+    try:
+        return os.path.samefile(sink.path, target)
+    except OSError:
+        return False
 
 
 def ensure_configured() -> None:

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,20 +18,17 @@ from harombe.cli.common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     Status,
-    hitl_requested,
     run_async,
     say_error,
     start_command,
     started_manager,
     with_limits,
 )
+from harombe.cli.run_gate import command_gate, say_policy
 from harombe.cli.run_mnt import check_mnt, mnt_exit_code, mnt_report, run_mounted
 from harombe.cli.screen import RESET, PlainText
 from harombe.config import LANGUAGES, HarombeConfig, load_config
 from harombe.errors import HarombeError, UsageError
-from harombe.security.approval.approvers import HELD_ON_TERMINAL, stdin_is_tty
-from harombe.security.approval.gate import gate_from_config
-from harombe.security.approval.policy_line import policy_line
 
 NAME = "harombe run"
 #: File name endings and the language they mean.
@@ -134,55 +130,6 @@ def read_program(file: str) -> str:
         raise UsageError(f"cannot read the program from {where}: {exc}") from None
 
 
-async def ask_on_terminal(request: Any) -> Any:
-    """The CLI's approver: show the request and ask yes/no on the terminal (the person
-    running the command is the human in the loop); deny when stdin is not a terminal."""
-    from harombe.security.approval.approvers import render_request
-    from harombe.security.approval.gate import ApprovalResponse
-
-    if not sys.stdin.isatty():
-        return ApprovalResponse(False, approver="harombe run",
-                                comment="no terminal on stdin to ask for approval")  # fmt: skip
-    click.echo(render_request(request), err=True)
-    loop = asyncio.get_running_loop()
-    answer: asyncio.Future[bool] = loop.create_future()
-
-    def ask() -> None:  # a daemon thread: Ctrl-C or the gate's timeout leave it behind
-        try:
-            yes = click.confirm("Run it?", default=False, err=True)
-        except (click.Abort, EOFError):
-            yes = False
-
-        def give() -> None:
-            if not answer.done():
-                answer.set_result(yes)
-
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
-            loop.call_soon_threadsafe(give)
-
-    threading.Thread(target=ask, daemon=True, name="harombe-approval").start()
-    return ApprovalResponse(await answer, approver="harombe run")
-
-
-ask_on_terminal.held_calls = HELD_ON_TERMINAL  # type: ignore[attr-defined]
-
-
-def command_gate(loaded: HarombeConfig, config: HarombeConfig) -> Any:
-    """The gate of ``harombe run``: none unless the config asks for one
-    (:func:`~harombe.cli.common.hitl_requested`); then the config's, asking on this terminal
-    (or the approver ``security.hitl.approver`` names). A bad approver is a ConfigError."""
-    if not hitl_requested(loaded):
-        return None
-    return gate_from_config(config, surface_approver=ask_on_terminal if stdin_is_tty() else None)
-
-
-def say_policy(gate: Any) -> None:
-    """The policy line on stderr, when a gate is in force or stderr is a terminal: ungated and
-    piped, stderr stays exactly the program's own (``2>err``, pipelines)."""
-    if gate is not None or sys.stderr.isatty():
-        say_error(NAME, policy_line(gate, "run"))
-
-
 class Output:
     """The program's output passed through as it comes, on the stream it was written to: to a
     pipe or file as it is, to a terminal as plain text and colours (:class:`PlainText`: the
@@ -222,6 +169,10 @@ class Output:
             tail = b"" if self.at_line_start else b"\n"
             sys.stderr.buffer.write((RESET if self.shown else b"") + tail)
             sys.stderr.flush()
+        elif self.shown:  # only stdout is a terminal: it is reset for what the user types next
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.buffer.write(RESET)
+                sys.stdout.flush()
 
 
 async def install_first(

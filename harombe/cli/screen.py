@@ -9,7 +9,8 @@ string that swallows what harombe prints next).
   cursor movement, erasing the screen, modes and character sets pass; every string sequence
   (OSC, DCS, APC, PM, SOS: clipboard, titles, hyperlinks, images, pass-through to an outer
   multiplexer) is dropped, and so are window operations (``CSI … t``, resizing) and erasing the
-  scrollback (``CSI 3 J``), which reach past the session's screen;
+  scrollback (``CSI 3 J``, ``CSI ? 3 J``, and the full reset ``ESC c``, which erases it on
+  many terminals), which reach past the session's screen;
 * :data:`RESET` — written after a program's output, before harombe speaks: any open string
   ended, colours and character set reset, cursor shown, mouse reporting, bracketed paste and
   application keys off;
@@ -17,12 +18,13 @@ string that swallows what harombe prints next).
   text), with control and invisible characters escaped.
 
 Both filters read the bytes as a UTF-8 terminal does, incrementally (a sequence may be split
-across reads): C1 controls, 8-bit (``0x9B``) or UTF-8 encoded (U+009B), are read as their
-``ESC`` forms (``0x9B`` is ``ESC [``, ``0x9D`` is ``ESC ]``) and never passed as such (other C1
-controls are dropped); a
-sequence is passed only once it is whole and allowed, so the terminal never starts one the
-filter did not see. Bytes that are not UTF-8 pass unless they are C1 controls. Output to a
-pipe or a file is not filtered (the bytes are the program's).
+across reads): C1 controls encoded in UTF-8 (U+009B) are read as their ``ESC`` forms (U+009B
+is ``ESC [``, U+009D is ``ESC ]``) and never passed as such (other C1 controls are dropped); a
+byte 0x80-0x9F that is not part of a character is not UTF-8 and is dropped alone (it starts
+nothing, so a Windows-1252 ``ž``, 0x9E, does not hide the output after it); a sequence is
+passed only once it is whole and allowed, so the terminal never starts one the filter did not
+see. Other bytes that are not UTF-8 pass. Output to a pipe or a file is not filtered (the
+bytes are the program's).
 """
 
 from __future__ import annotations
@@ -105,13 +107,23 @@ class _Filter:
                 self._read(again, out)
         if byte < 0x80:
             self._unit(_BYTE, byte, bytes([byte]), out)
-        elif byte <= 0x9F:  # not inside a character: an 8-bit C1 control
-            self._unit(_C1, byte, b"", out)
+        elif byte <= 0x9F:  # not inside a character: an 8-bit C1 control, not UTF-8
+            self._raw_c1(byte)
         elif byte in _LEADS:
             self._char = bytearray([byte])
             self._need, self._low, self._high = _LEADS[byte]
         else:
             self._unit(_INVALID, byte, bytes([byte]), out)
+
+    def _raw_c1(self, code: int) -> None:
+        """A byte 0x80-0x9F outside a character: a UTF-8 terminal shows it as U+FFFD and
+        starts nothing with it (nor may a terminal reading 8-bit controls: it never gets the
+        byte). Dropped; it cuts a sequence being read short, and as ST ends a string."""
+        if self._state in ("string", "string_esc"):
+            if code == C1_ST:
+                self._state = "text"
+            return
+        self._state = "text"
 
     # ---- the terminal's parser ----------------------------------------------------------
 
@@ -232,7 +244,9 @@ class ShellFilter(_Filter):
         return code not in (CAN, SUB)  # they only cancel a sequence, and none is open here
 
     def _escape(self, sequence: bytes) -> bool:
-        return sequence != b"\x1b\\"  # a string terminator with no string to end
+        # ESC \ is a string terminator with no string to end; ESC c (full reset) also erases
+        # the scrollback on many terminals (VTE, Alacritty), as ED 3 does.
+        return sequence not in (b"\x1b\\", b"\x1bc")
 
     def _csi(self, sequence: bytes) -> bool:
         final, body = sequence[-1:], sequence[2:-1]
@@ -240,8 +254,10 @@ class ShellFilter(_Filter):
             return False
         if final == b"|" and body[-1:] in (b"$", b"*"):  # DECSCPP, DECSNLS: resize
             return False
-        erases = final == b"J" and any(p.isdigit() and int(p) == 3 for p in body.split(b";"))
-        return not erases  # ED 3 erases the scrollback, which holds what came before
+        if final == b"J":  # ED, DECSED (``?``): only 0-2, the screen; 3 erases the scrollback
+            params = body.removeprefix(b"?").replace(b":", b";").split(b";")
+            return all(p == b"" or (p.isdigit() and int(p) <= 2) for p in params)
+        return True
 
 
 _UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})

@@ -144,3 +144,29 @@ def test_an_unwritable_json_file_is_a_config_error(tmp_path: Path) -> None:
     source = f"import harombe.logs\nharombe.logs.configure(json_file={str(tmp_path)!r})\n"
     out = run(source)
     assert out.returncode != 0 and "cannot open the JSON log file" in out.stderr
+
+
+@pytest.mark.parametrize("same_file", [True, False], ids=["same-file", "another-file"])
+def test_reconfiguring_while_threads_log_loses_no_event(tmp_path: Path, same_file: bool) -> None:
+    """configure() again while other threads log: every event is in a JSON file, no warning."""
+    first, second = tmp_path / "a.jsonl", tmp_path / ("a.jsonl" if same_file else "b.jsonl")
+    source = (
+        "import threading, structlog, harombe.logs as logs\n"
+        f"logs.configure(json_file={str(first)!r})\n"
+        "log = structlog.get_logger('harombe.x')\n"
+        "stop, counts = threading.Event(), [0, 0, 0]\n"
+        "def spam(i):\n"
+        "    while not stop.is_set():\n"
+        "        log.info('t.logged')\n"
+        "        counts[i] += 1\n"
+        "threads = [threading.Thread(target=spam, args=(i,)) for i in range(3)]\n"
+        "[t.start() for t in threads]\n"
+        "for _ in range(100):\n"
+        f"    logs.configure(json_file={str(second)!r})\n"
+        "stop.set(); [t.join() for t in threads]\n"
+        "print(sum(counts))\n"
+    )
+    out = run(source)
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    lines = first.read_text().splitlines() + ([] if same_file else second.read_text().splitlines())
+    assert sum(json.loads(line)["event"] == "t.logged" for line in lines) == int(out.stdout)

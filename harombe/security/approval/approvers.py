@@ -128,14 +128,14 @@ _UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
 def _visible(text: str) -> str:
-    """``text`` with control and invisible characters escaped (``\\x1b``, ``\\u202e``): what
-    a call carries cannot move the cursor, erase lines or reorder them on the person's
-    terminal, so the findings they approve are the ones on screen."""
+    """``text`` with control and invisible characters but tabs escaped (``\\x1b``,
+    ``\\u202e``): what a call carries cannot move the cursor, erase lines or reorder them on
+    the person's terminal, so the findings they approve are the ones on screen."""
     if text.isprintable():
         return text
     return "".join(
         char.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(char) in _UNSAFE
+        if char != "\t" and unicodedata.category(char) in _UNSAFE  # tabs indent code
         else char
         for char in text
     )
@@ -161,8 +161,9 @@ def approve_up_to(level: RiskLevel | str) -> Callable[[ApprovalRequest], Approva
 
 
 def render_request(request: ApprovalRequest, *, max_code_lines: int = 60) -> str:
-    """The text a person sees: tool, sandbox, risk, reasons, parameters, numbered code, each
-    with control and invisible characters escaped."""
+    """The text a person sees: tool, sandbox, risk, reasons, parameters, numbered code; control
+    and invisible characters shown escaped (``\\x1b``, ``\\u202e``), so the call's own text
+    cannot erase, move over or hide a line of what is shown."""
     op = request.operation
     lines = [
         "",
