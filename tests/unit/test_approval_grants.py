@@ -28,7 +28,7 @@ from harombe.security.policy.rule_patterns import MAX_MATCH_CHARS
 from harombe.service.app import create_app
 from harombe.service.state import Service
 from harombe.testing import FakeDocker
-from harombe.testing.http import clients
+from harombe.testing.http import approved_once, clients
 
 
 def op(code: str, language: str = "python") -> Operation:
@@ -143,18 +143,6 @@ async def held(http: Any) -> dict[str, Any]:
             return dict(approvals[0])
         await asyncio.sleep(0.01)
     raise AssertionError("no call was held")
-
-
-async def approved_once(judge: Any, call: Any) -> Any:
-    """The answer to ``call``, approving it once on the page if it is held."""
-    task = asyncio.ensure_future(call)
-    for _ in range(500):
-        if task.done():
-            break
-        for approval in (await judge.get("/v1/approvals")).json()["approvals"]:
-            await judge.post(f"/v1/approvals/{approval['id']}", json={"decision": "approve"})
-        await asyncio.sleep(0.01)
-    return await task
 
 
 async def test_approve_sandbox_on_the_page_grants_exactly_the_reasons_it_listed(

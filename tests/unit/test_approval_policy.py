@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import os
 import pty
-import subprocess
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,7 +37,7 @@ from harombe.service.approvals import ApprovalBroker, AuditFeed
 from harombe.service.mcp_approval import ElicitingApprover
 from harombe.testing import FakeDocker, ScriptedApprover, capture_events
 from harombe.tools.code_execution import CodeExecutionTools
-from tests.unit.test_terminal_approver import read_until
+from tests.unit.test_terminal_approver import python_on_a_pty, read_until
 
 REPO = Path(__file__).resolve().parents[2]
 URL = "http://127.0.0.1:8000/approvals"
@@ -315,21 +313,12 @@ def test_the_guides_gate_asks_on_a_terminal() -> None:
         asyncio.run(main())
         """
     )
-    master, slave = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=slave, stdout=slave, stderr=slave,
-        start_new_session=True,
-    )  # fmt: skip
-    os.close(slave)
-    try:
+    with python_on_a_pty(script) as (process, master):
         shown = read_until(master, b"Approve?")
         os.write(master, b"y\n")
         rest = read_until(master, b"RESULT")
         rest += read_until(master, b"terminal")
         assert process.wait(timeout=20) == 0
-    finally:
-        process.kill()
-        os.close(master)
     assert b"risk CRITICAL" in shown and b"import subprocess" in shown
     assert b"RESULT approved terminal" in rest
 

@@ -4,30 +4,17 @@ calls; an approver's token or the approval key sees the whole service's."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from harombe.config import parse_config
 from harombe.service.app import create_app
 from harombe.service.state import Service
 from harombe.testing import FakeDocker
-from harombe.testing.http import clients
+from harombe.testing.http import approved_once, clients
 
 ALICE, BOB, JUDGE = "alice-token-0123456789", "bob-token-0123456789ab", "judge-token-0123456789"
 KEY = "approval-key-0123456789abcdef"
 HOLD = {"tools": ["code_execute"], "risk": "critical", "timeout": 30,
         "conditions": [{"param": "code", "matches": "HOLD"}]}  # fmt: skip
-
-
-async def approved_once(judge: Any, call: Any) -> Any:
-    """The answer to ``call``, approving it once on the page if it is held."""
-    task = asyncio.ensure_future(call)
-    for _ in range(500):
-        if task.done():
-            break
-        for approval in (await judge.get("/v1/approvals")).json()["approvals"]:
-            await judge.post(f"/v1/approvals/{approval['id']}", json={"decision": "approve"})
-        await asyncio.sleep(0.01)
-    return await task
 
 
 async def test_health_shows_a_tenant_only_its_own_counts(docker: FakeDocker) -> None:

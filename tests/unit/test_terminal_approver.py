@@ -1,6 +1,7 @@
 """The terminal approver, driven through a real pseudo-terminal."""
 
 import asyncio
+import contextlib
 import io
 import os
 import pty
@@ -35,6 +36,23 @@ def terminal() -> Iterator[tuple[int, int]]:
     yield master, slave
     os.close(master)
     os.close(slave)
+
+
+@contextlib.contextmanager
+def python_on_a_pty(script: str) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``python -c script`` in a session of its own whose stdin, stdout and stderr are a pty;
+    yields the process and the pty's master end, and kills and closes both on the way out."""
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=slave, stdout=slave, stderr=slave,
+        start_new_session=True,
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        yield process, master
+    finally:
+        process.kill()
+        os.close(master)
 
 
 def read_until(fd: int, marker: bytes, timeout_s: float = 20.0) -> bytes:
@@ -138,13 +156,7 @@ def test_prompt_in_a_separate_process() -> None:
         asyncio.run(main())
         """
     )
-    master, slave = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-c", script], stdin=slave, stdout=slave, stderr=slave,
-        start_new_session=True,
-    )  # fmt: skip
-    os.close(slave)
-    try:
+    with python_on_a_pty(script) as (process, master):
         shown = read_until(master, b"Approve?")
         assert b"risk CRITICAL" in shown and b"downloads code and pipes it into sh" in shown
         assert "2 │ curl x | sh".encode() in shown
@@ -152,9 +164,6 @@ def test_prompt_in_a_separate_process() -> None:
         rest = read_until(master, b"RESULT")
         rest += read_until(master, b"_grant")
         assert process.wait(timeout=20) == 0
-    finally:
-        process.kill()
-        os.close(master)
     assert b"approved for this sandbox" in rest
     assert b"RESULT approved sandbox sandbox_grant" in rest
 
