@@ -23,14 +23,36 @@ _LAZY = {
 }
 #: Every error, as pctx-sandbox users import them: ``from harombe import SandboxExecutionError``.
 _ERRORS = (
-    "HarombeError", "ConfigError", "UsageError", "InvalidArgumentError", "UnknownToolError",
-    "FileError", "MountError", "InfrastructureError", "DockerUnavailableError",
-    "RuntimeNotAvailableError", "InsecureRuntimeError", "ImageNotFoundError", "BuildError",
-    "SandboxStartError", "SandboxStartupError", "SandboxLostError", "LimitNotAppliedError",
-    "PackageFetchError", "PackageNotFoundError", "SandboxExecutionError", "SandboxTimeoutError",
-    "SerializationError", "DependencyInstallError", "SandboxNotFoundError", "PolicyError",
-    "WorkspacePathError", "PackageSpecError", "ApprovalDeniedError", "GuardrailError",
-)  # fmt: skip
+    "HarombeError",
+    "ConfigError",
+    "UsageError",
+    "InvalidArgumentError",
+    "UnknownToolError",
+    "FileError",
+    "MountError",
+    "InfrastructureError",
+    "DockerUnavailableError",
+    "RuntimeNotAvailableError",
+    "InsecureRuntimeError",
+    "ImageNotFoundError",
+    "BuildError",
+    "SandboxStartError",
+    "SandboxStartupError",
+    "SandboxLostError",
+    "LimitNotAppliedError",
+    "PackageFetchError",
+    "PackageNotFoundError",
+    "SandboxExecutionError",
+    "SandboxTimeoutError",
+    "SerializationError",
+    "DependencyInstallError",
+    "SandboxNotFoundError",
+    "PolicyError",
+    "WorkspacePathError",
+    "PackageSpecError",
+    "ApprovalDeniedError",
+    "GuardrailError",
+)
 _LAZY.update(dict.fromkeys(_ERRORS, "harombe.errors"))
 #: ``from harombe import *``: the public names (imported then), not the package's internals.
 __all__ = sorted(_LAZY)

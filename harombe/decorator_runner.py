@@ -186,8 +186,13 @@ class Runner:
             if not install_cache:
                 config = (config or load_config()).model_copy(deep=True)
                 config.security.sandbox.install_cache.enabled = False
-            manager = SandboxManager(self._docker, max_memory_mb=memory_mb, max_cpu_cores=cpus,
-                                     config=config, lazy_pool=True)  # fmt: skip
+            manager = SandboxManager(
+                self._docker,
+                max_memory_mb=memory_mb,
+                max_cpu_cores=cpus,
+                config=config,
+                lazy_pool=True,
+            )
             await manager.start()
         except InfrastructureError as err:
             raise SandboxStartupError(
@@ -302,8 +307,9 @@ class Runner:
         await asyncio.gather(*tasks, return_exceptions=True)
         started = [t.result() for t in tasks if not t.cancelled() and t.exception() is None]
         # Side by side: each manager's removals are Docker's work, not this loop's.
-        stops = await asyncio.gather(*(settle(manager.stop()) for manager in started),
-                                     return_exceptions=True)  # fmt: skip
+        stops = await asyncio.gather(
+            *(settle(manager.stop()) for manager in started), return_exceptions=True
+        )
         for failed in (stop for stop in stops if isinstance(stop, Exception)):
             log.warning("sandbox_decorator.stop_failed", error=str(failed))
         self._managers.clear()

@@ -88,8 +88,10 @@ class JsonLinesFile:
             self._file.flush()
         except (OSError, ValueError) as exc:  # full disk: never fail a call
             if not self._failing:
-                _warn(f"harombe: cannot write the JSON log file {self.path} ({exc}); "
-                      "events are not being saved to it")  # fmt: skip
+                _warn(
+                    f"harombe: cannot write the JSON log file {self.path} ({exc}); "
+                    "events are not being saved to it"
+                )
             self._failing = True
         else:
             self._failing = False
@@ -269,9 +271,12 @@ def configure(
 
 
 def _configure(
-    *, level: str | None, json_file: str | os.PathLike[str] | None, stderr: bool,
+    *,
+    level: str | None,
+    json_file: str | os.PathLike[str] | None,
+    stderr: bool,
     every_logger: bool,
-) -> None:  # fmt: skip
+) -> None:
     """:func:`configure`; unless ``every_logger``, only for harombe's loggers, the others
     keeping structlog's built-in behaviour."""
     global _json_sink

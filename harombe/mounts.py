@@ -118,10 +118,19 @@ def run_sandboxed(
     arguments, :class:`~harombe.errors.ApprovalDeniedError` when the gate refuses the run
     (``gate`` left out: the one ``security.hitl`` describes; ``None``: no gate); user-code
     failures are data in ``result``."""
-    call = run_sandboxed_async(conf, code, script_path=script_path, mnt_dir=mnt_dir,
-                               timeout=timeout, network=network, allowed_domains=allowed_domains,
-                               language=language, limits=limits, config=config,
-                               gate=gate)  # fmt: skip
+    call = run_sandboxed_async(
+        conf,
+        code,
+        script_path=script_path,
+        mnt_dir=mnt_dir,
+        timeout=timeout,
+        network=network,
+        allowed_domains=allowed_domains,
+        language=language,
+        limits=limits,
+        config=config,
+        gate=gate,
+    )
     try:
         asyncio.get_running_loop()
     except RuntimeError:
@@ -163,46 +172,99 @@ async def run_sandboxed_async(
     """:func:`run_sandboxed` for async code. With ``manager`` (started), the sandbox comes
     from it (its warm pool when offline); else one is started and stopped for this call.
     ``on_output(stream, data)`` gets the program's output as it is printed."""
-    asked = read_call(conf, code, config=config, network=network,
-                      allowed_domains=allowed_domains)  # fmt: skip
-    code, config, network, allowed_domains = (asked.code, asked.config, asked.network,
-                                              asked.allowed_domains)  # fmt: skip
+    asked = read_call(conf, code, config=config, network=network, allowed_domains=allowed_domains)
     if manager is not None and asked.limited:
-        raise UsageError("SandboxConfig's memory_mb and cpus apply to the manager run_sandboxed "
-                         "starts; with manager=, set them in that manager's config")  # fmt: skip
-    lang = _language(code, script_path, language)
-    if allowed_domains:
-        network = True
+        raise UsageError(
+            "SandboxConfig's memory_mb and cpus apply to the manager run_sandboxed "
+            "starts; with manager=, set them in that manager's config"
+        )
+    job = await _job(
+        asked,
+        script_path,
+        mnt_dir,
+        timeout_s=timeout,
+        language=language,
+        limits=limits,
+        on_output=on_output,
+    )
+    config = manager.config if manager is not None else (asked.config or load_config())
+    await decide_run(
+        gate,
+        config,
+        job.code,
+        job.script_path,
+        job.snap,
+        lang=job.lang,
+        timeout_s=job.timeout_s,
+        network=job.network,
+        allowed_domains=job.allowed_domains,
+    )
+    if manager is not None:
+        out, changed = await _run(manager, job)
+    else:
+        async with _own_manager(config) as own:
+            out, changed = await _run(own, job)
+    out["warnings"] = [*asked.warnings, *out.get("warnings", [])]
+    return RunResult(out), changed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One run, its arguments checked: the program, the copied-in directory and the sandbox's
+    language, network and dependencies."""
+
+    code: str | None
+    script_path: str | None
+    snap: Snapshot | None
+    lang: str
+    timeout_s: float | None
+    network: bool
+    allowed_domains: Sequence[str]
+    limits: MountLimits
+    on_output: OutputCallback | None
+    dependencies: Sequence[str]
+
+
+async def _job(
+    asked: Any,
+    script_path: str | None,
+    mnt_dir: str | os.PathLike[str] | None,
+    *,
+    timeout_s: float | None,
+    language: str | None,
+    limits: MountLimits | None,
+    on_output: OutputCallback | None,
+) -> _Job:
+    """The run ``asked`` (:func:`~harombe.mounts_compat.read_call`) describes, checked, with
+    ``mnt_dir`` read; :class:`UsageError` or :class:`MountError` for what cannot run."""
+    lang = _language(asked.code, script_path, language)
     limits = limits or MountLimits()
     _check_script(script_path, has_mnt=mnt_dir is not None)
-    snap = None
-    if mnt_dir is not None:
-        snap = await asyncio.to_thread(snapshot, mnt_dir, limits)
+    snap = None if mnt_dir is None else await asyncio.to_thread(snapshot, mnt_dir, limits)
     if isinstance(script_path, str) and snap is not None:
         rel = posixpath.normpath(script_path)[len(MNT) + 1 :]  # below /mnt: checked above
         if rel not in snap.files:
-            raise UsageError(f"script_path {script_path!r} is not a file in mnt_dir "
-                             f"{snap.root!r}; put it there first")  # fmt: skip
+            raise UsageError(
+                f"script_path {script_path!r} is not a file in mnt_dir {snap.root!r}; "
+                "put it there first"
+            )
     if asked.dependencies and lang != "python":
-        raise UsageError(f"venv_path's packages are for Python code, not {lang}; leave "
-                         "venv_path out of the SandboxConfig")  # fmt: skip
-    deps = asked.dependencies
-    config = manager.config if manager is not None else (config or load_config())
-    await decide_run(gate, config, code, script_path, snap, lang=lang, timeout_s=timeout,
-                     network=network, allowed_domains=allowed_domains)  # fmt: skip
-    if manager is not None:
-        out, changed = await _run(manager, code, script_path, snap, lang=lang,
-                                  timeout_s=timeout, network=network,
-                                  allowed_domains=allowed_domains, limits=limits,
-                                  on_output=on_output, dependencies=deps)  # fmt: skip
-    else:
-        async with _own_manager(config) as own:
-            out, changed = await _run(own, code, script_path, snap, lang=lang,
-                                      timeout_s=timeout, network=network,
-                                      allowed_domains=allowed_domains, limits=limits,
-                                      on_output=on_output, dependencies=deps)  # fmt: skip
-    out["warnings"] = [*asked.warnings, *out.get("warnings", [])]
-    return RunResult(out), changed
+        raise UsageError(
+            f"venv_path's packages are for Python code, not {lang}; leave "
+            "venv_path out of the SandboxConfig"
+        )
+    return _Job(
+        code=asked.code,
+        script_path=script_path,
+        snap=snap,
+        lang=lang,
+        timeout_s=timeout_s,
+        network=asked.network or bool(asked.allowed_domains),
+        allowed_domains=asked.allowed_domains,
+        limits=limits,
+        on_output=on_output,
+        dependencies=asked.dependencies,
+    )
 
 
 def _language(code: object, script_path: object, language: str | None) -> str:
@@ -242,15 +304,15 @@ async def _own_manager(config: HarombeConfig | None) -> AsyncIterator[SandboxMan
         yield manager
 
 
-async def _run(
-    manager: SandboxManager, code: str | None, script_path: str | None, snap: Snapshot | None,
-    *, lang: str, timeout_s: float | None, network: bool, allowed_domains: Sequence[str],
-    limits: MountLimits, on_output: OutputCallback | None, dependencies: Sequence[str] = (),
-) -> tuple[dict[str, Any], list[dict[str, Any]]]:  # fmt: skip
+async def _run(manager: SandboxManager, job: _Job) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    code, script_path, snap, lang = job.code, job.script_path, job.snap, job.lang
     try:  # dependencies (a venv's packages): a dependency environment, from the install cache
-        box = await manager.create_sandbox(lang, network_enabled=network,  # type: ignore[arg-type]
-                                           allowed_domains=tuple(allowed_domains),
-                                           environment=list(dependencies) or None)  # fmt: skip
+        box = await manager.create_sandbox(
+            lang,  # type: ignore[arg-type]  # checked by _language
+            network_enabled=job.network,
+            allowed_domains=tuple(job.allowed_domains),
+            environment=list(job.dependencies) or None,
+        )
     except (PackageSpecError, PackageFetchError) as err:
         raise DependencyInstallError(f"the packages of venv_path did not install: {err}") from err
     made = [box.sandbox_id]
@@ -258,8 +320,9 @@ async def _run(
         for archive in snap.archives if snap is not None else ():
             async with box.lock:
                 await manager.files.untar(box, archive, root=MNT)
-        result = await _program(manager, box, lang, code, script_path, timeout_s=timeout_s,
-                                on_output=on_output)  # fmt: skip
+        result = await _program(
+            manager, box, lang, code, script_path, timeout_s=job.timeout_s, on_output=job.on_output
+        )
         made.append(result.sandbox_id)
         out = result.to_dict()
         for key in ("changed_files", "changed_files_truncated"):  # those describe /workspace
@@ -271,8 +334,8 @@ async def _run(
             out["mount_error"] = "the sandbox was lost during the run; nothing came back"
         elif snap is not None:
             # Nothing larger than the channel carries in one frame (the config's limit).
-            cap = min(limits.max_file_bytes, manager.limits.max_file_bytes)
-            limits = dataclasses.replace(limits, max_file_bytes=cap)
+            cap = min(job.limits.max_file_bytes, manager.limits.max_file_bytes)
+            limits = dataclasses.replace(job.limits, max_file_bytes=cap)
             changed = await _bring_back(manager, box, snap, limits, out, made=made)
         log.info("mounts.ran", sandbox_id=box.sandbox_id, status=out["status"],
                  changed=len(changed), refused=len(out["refused"]))  # fmt: skip

@@ -121,8 +121,10 @@ def read_call(
     network = _flag("run_sandboxed's network", network)
     domains = _hosts("run_sandboxed's allowed_domains", allowed_domains)
     if config is not None and not isinstance(config, HarombeConfig):
-        raise UsageError(f"run_sandboxed's config= is a harombe.config.HarombeConfig (e.g. "
-                         f"load_config()), not {type(config).__name__}")  # fmt: skip
+        raise UsageError(
+            f"run_sandboxed's config= is a harombe.config.HarombeConfig (e.g. "
+            f"load_config()), not {type(config).__name__}"
+        )
     if isinstance(conf, str):
         if code is not None:
             raise UsageError(
@@ -132,8 +134,9 @@ def read_call(
         return Call(conf, config, network, domains)
     if conf is None or isinstance(conf, HarombeConfig):
         if conf is not None and config is not None:
-            raise UsageError("run_sandboxed got two harombe configs (first argument and "
-                             "config=); pass one")  # fmt: skip
+            raise UsageError(
+                "run_sandboxed got two harombe configs (first argument and config=); pass one"
+            )
         return Call(code, config or conf, network, domains)
     if not isinstance(conf, SandboxConfig):
         raise UsageError(
@@ -149,8 +152,9 @@ def read_call(
 
 def _flag(what: str, value: object) -> bool:
     if not isinstance(value, bool):
-        raise UsageError(f"{what} must be True or False, got {str(value)[:40]!r} "
-                         f"({type(value).__name__})")  # fmt: skip
+        raise UsageError(
+            f"{what} must be True or False, got {str(value)[:40]!r} ({type(value).__name__})"
+        )
     return value
 
 
@@ -158,21 +162,27 @@ def _hosts(what: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str | bytes):
         raise UsageError(f"{what} is a list of host names; write [{value[:80]!r}]")
     if not isinstance(value, Iterable):
-        raise UsageError(f"{what} is a list of host names, not {type(value).__name__}; write "
-                         "e.g. ['api.example.com']")  # fmt: skip
+        raise UsageError(
+            f"{what} is a list of host names, not {type(value).__name__}; write "
+            "e.g. ['api.example.com']"
+        )
     hosts = tuple(value)
     for host in hosts:
         if not isinstance(host, str):
-            raise UsageError(f"{what} is a list of host names (text), and holds a "
-                             f"{type(host).__name__}; write e.g. ['api.example.com']")  # fmt: skip
+            raise UsageError(
+                f"{what} is a list of host names (text), and holds a "
+                f"{type(host).__name__}; write e.g. ['api.example.com']"
+            )
     return hosts
 
 
 def _number(what: str, value: object, kinds: tuple[type, ...]) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, kinds)):
         kind = "a whole number" if kinds == (int,) else "a number"
-        raise UsageError(f"SandboxConfig.{what} is {kind} or None, not {type(value).__name__} "
-                         f"{str(value)[:40]!r}")  # fmt: skip
+        raise UsageError(
+            f"SandboxConfig.{what} is {kind} or None, not {type(value).__name__} "
+            f"{str(value)[:40]!r}"
+        )
 
 
 def _checked_types(conf: dict[str, Any]) -> tuple[HarombeConfig | None, Any, str | None]:
@@ -183,14 +193,18 @@ def _checked_types(conf: dict[str, Any]) -> tuple[HarombeConfig | None, Any, str
         conf["apparmor_profile_name"],
     )
     if own_config is not None and not isinstance(own_config, HarombeConfig):
-        raise UsageError(f"SandboxConfig.config is a harombe.config.HarombeConfig (e.g. "
-                         f"load_config()) or None, not {type(own_config).__name__}")  # fmt: skip
+        raise UsageError(
+            f"SandboxConfig.config is a harombe.config.HarombeConfig (e.g. "
+            f"load_config()) or None, not {type(own_config).__name__}"
+        )
     if venv_path is not None and not isinstance(venv_path, str | os.PathLike):
-        raise UsageError(f"SandboxConfig.venv_path is a path (text) or None, not "
-                         f"{type(venv_path).__name__}")  # fmt: skip
+        raise UsageError(
+            f"SandboxConfig.venv_path is a path (text) or None, not {type(venv_path).__name__}"
+        )
     if apparmor is not None and not isinstance(apparmor, str):
-        raise UsageError(f"SandboxConfig.apparmor_profile_name is text or None, not "
-                         f"{type(apparmor).__name__}")  # fmt: skip
+        raise UsageError(
+            f"SandboxConfig.apparmor_profile_name is text or None, not {type(apparmor).__name__}"
+        )
     return own_config, venv_path, apparmor
 
 
@@ -201,14 +215,17 @@ def _with_limits(base: HarombeConfig | None, memory_mb: object, cpus: object) ->
     _number("memory_mb", memory_mb, (int,))
     _number("cpus", cpus, (int, float))
     config = base or load_config()
-    for field, key, value in (("memory_mb", "max_memory_mb", memory_mb),
-                              ("cpus", "max_cpu_cores", cpus)):  # fmt: skip
+    for field, key, value in (
+        ("memory_mb", "max_memory_mb", memory_mb),
+        ("cpus", "max_cpu_cores", cpus),
+    ):
         try:
             config = override(config, **{key: value})
         except ConfigError as err:  # it names the config's key: name the field given
             reason = str(err).partition(f"{key}': ")[2] or str(err)
-            raise UsageError(f"SandboxConfig.{field}={value!r} cannot be the sandbox's "
-                             f"limit: {reason}") from None  # fmt: skip
+            raise UsageError(
+                f"SandboxConfig.{field}={value!r} cannot be the sandbox's limit: {reason}"
+            ) from None
     return config
 
 
@@ -222,8 +239,9 @@ def _from_sandbox_config(
 ) -> Call:
     own_config, venv_path, apparmor = _checked_types(conf)
     if config is not None and own_config is not None:
-        raise UsageError("run_sandboxed got two harombe configs (SandboxConfig.config and "
-                         "config=); pass one")  # fmt: skip
+        raise UsageError(
+            "run_sandboxed got two harombe configs (SandboxConfig.config and config=); pass one"
+        )
     enable_network = _flag("SandboxConfig.enable_network", conf["enable_network"])
     listed = _hosts("SandboxConfig.allowed_domains", conf["allowed_domains"])
     domains = domains or listed
@@ -248,10 +266,14 @@ def _from_sandbox_config(
             "gVisor sandbox (its own kernel), not under an AppArmor profile",
         )
     return Call(
-        code, base, network or enable_network or bool(domains), domains,
+        code,
+        base,
+        network or enable_network or bool(domains),
+        domains,
         dependencies=venv_requirements(venv_path) if venv_path else (),
-        warnings=warnings, limited=limited,
-    )  # fmt: skip
+        warnings=warnings,
+        limited=limited,
+    )
 
 
 def venv_requirements(venv_path: str | os.PathLike[str]) -> tuple[str, ...]:

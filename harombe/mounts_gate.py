@@ -16,10 +16,17 @@ from harombe.security.runtime.sandbox import MNT
 
 
 async def decide_run(
-    gate: HITLGate | None, config: HarombeConfig, code: str | None, script_path: str | None,
-    snap: Snapshot | None, *, lang: str, timeout_s: float | None, network: bool,
+    gate: HITLGate | None,
+    config: HarombeConfig,
+    code: str | None,
+    script_path: str | None,
+    snap: Snapshot | None,
+    *,
+    lang: str,
+    timeout_s: float | None,
+    network: bool,
     allowed_domains: Sequence[str],
-) -> None:  # fmt: skip
+) -> None:
     """The gate's decision on the run, before any sandbox is made (``FROM_CONFIG``: the gate
     of ``config``); :class:`~harombe.errors.ApprovalDeniedError` when it is not approved. The
     gate judges the program's own text: ``code``, or the script as it will be copied in."""
@@ -30,12 +37,16 @@ async def decide_run(
         return
     default_s = float(config.security.sandbox.limits.max_execution_time)
     params = {
-        "language": lang, "code": code if code is not None else script_text(snap, script_path),
-        "sandbox_id": None, "timeout": default_s if timeout_s is None else timeout_s,
-        "timeout_default_s": default_s, "network_enabled": network,
-        "allowed_domains": list(allowed_domains), "fresh": True,
+        "language": lang,
+        "code": code if code is not None else script_text(snap, script_path),
+        "sandbox_id": None,
+        "timeout": default_s if timeout_s is None else timeout_s,
+        "timeout_default_s": default_s,
+        "network_enabled": network,
+        "allowed_domains": list(allowed_domains),
+        "fresh": True,
         "mnt_dir": snap.root if snap is not None else None,
-    }  # fmt: skip
+    }
     decision = await gate.check_approval(Operation("code_execute", params))
     if not decision.approved:
         raise decision.error()

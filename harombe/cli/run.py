@@ -316,10 +316,17 @@ def run(ctx: click.Context, file: str, language: str | None, timeout_s: float | 
         output = Output()
         try:
             if mnt_dir is not None:
-                result = await run_mounted(config, mnt_dir=mnt_dir, language=chosen, code=code,
-                                           timeout_s=timeout_s, network=network,
-                                           allowed_domains=allowed_domains,
-                                           on_output=output.write, gate=gate)  # fmt: skip
+                result = await run_mounted(
+                    config,
+                    mnt_dir=mnt_dir,
+                    language=chosen,
+                    code=code,
+                    timeout_s=timeout_s,
+                    network=network,
+                    allowed_domains=allowed_domains,
+                    on_output=output.write,
+                    gate=gate,
+                )
             else:
                 result = await run_program(config, language=chosen, code=code,
                                            timeout_s=timeout_s, network=network,

@@ -27,8 +27,9 @@ async def ask_on_terminal(request: Any) -> Any:
     from harombe.security.approval.gate import ApprovalResponse
 
     if not sys.stdin.isatty():
-        return ApprovalResponse(False, approver="harombe run",
-                                comment="no terminal on stdin to ask for approval")  # fmt: skip
+        return ApprovalResponse(
+            False, approver="harombe run", comment="no terminal on stdin to ask for approval"
+        )
     click.echo(render_request(request), err=True)
     loop = asyncio.get_running_loop()
     answer: asyncio.Future[bool] = loop.create_future()

@@ -102,8 +102,10 @@ async def lost_reason(docker: DockerBackend, container_id: str, sandbox_id: str)
         return removed
     if state.get("OOMKilled"):
         return f"sandbox {sandbox_id} was killed for exceeding its memory limit"
-    return (f"sandbox {sandbox_id} was stopped from outside ({state.get('Status')}, exit code "
-            f"{state.get('ExitCode')}: docker kill, docker stop)")  # fmt: skip
+    return (
+        f"sandbox {sandbox_id} was stopped from outside ({state.get('Status')}, exit code "
+        f"{state.get('ExitCode')}: docker kill, docker stop)"
+    )
 
 
 async def watch_sandbox(docker: DockerBackend, container_id: str, sandbox_id: str) -> str:
@@ -124,9 +126,13 @@ async def exit_status(terminal: Terminal) -> int | None:
 
 
 async def session(
-    docker: DockerBackend, container_id: str, *, language: str, config: HarombeConfig,
+    docker: DockerBackend,
+    container_id: str,
+    *,
+    language: str,
+    config: HarombeConfig,
     sandbox_id: str = "",
-) -> int:  # fmt: skip
+) -> int:
     """Run ``language``'s program on a terminal in the container, relayed to this one; its
     exit status (128 + the signal that stopped this command; 1 if it never ended, or if the
     sandbox was lost, which is said on stderr)."""
@@ -141,9 +147,12 @@ async def session(
     try:
         with raw_mode(stdin_fd) as is_tty:
             stopped_by = await relay(
-                terminal, stdin_fd=stdin_fd, stdout_fd=stdout_fd, tty=is_tty,
+                terminal,
+                stdin_fd=stdin_fd,
+                stdout_fd=stdout_fd,
+                tty=is_tty,
                 lost=lambda: watch_sandbox(docker, container_id, name),
-            )  # fmt: skip
+            )
     except SandboxLostError as exc:
         return _say_lost(str(exc), stdout_fd)
     finally:
@@ -187,8 +196,13 @@ async def _shell(config: HarombeConfig, *, language: str, sandbox_id: str | None
                 f"(the sandbox is then {fate})",
                 err=True,
             )
-            return await session(manager.docker, container_id, language=language, config=config,
-                                 sandbox_id=sandbox_id)  # fmt: skip
+            return await session(
+                manager.docker,
+                container_id,
+                language=language,
+                config=config,
+                sandbox_id=sandbox_id,
+            )
     except HarombeError as exc:
         return say_error(NAME, exc)
 

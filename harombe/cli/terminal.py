@@ -165,9 +165,13 @@ async def _forward_sizes(terminal: Terminal, changed: asyncio.Event, fds: tuple[
 
 
 async def relay(
-    terminal: Terminal, *, stdin_fd: int, stdout_fd: int, tty: bool,
+    terminal: Terminal,
+    *,
+    stdin_fd: int,
+    stdout_fd: int,
+    tty: bool,
     lost: Callable[[], Awaitable[str]] | None = None,
-) -> int | None:  # fmt: skip
+) -> int | None:
     """Relay until the remote terminal's stream ends (None) or a :data:`STOP_SIGNALS` signal
     arrives (its number). Typed bytes go to ``terminal`` (from its first output on), its bytes
     to ``stdout_fd``, and each SIGWINCH becomes a resize to this terminal's size. ``lost``,

@@ -116,8 +116,13 @@ class TokenTable:
                 )
             names.add(entry.name)
             digest = entry.sha256 or self._digest_from_env(entry.name, entry.env, env)
-            tenant = Tenant(entry.name, entry.role, entry.max_sandboxes, entry.max_concurrent_runs,
-                            human=entry.human)  # fmt: skip
+            tenant = Tenant(
+                entry.name,
+                entry.role,
+                entry.max_sandboxes,
+                entry.max_concurrent_runs,
+                human=entry.human,
+            )
             self._entries.append((bytes.fromhex(digest), tenant))
         self.anonymous = Tenant(
             ANONYMOUS,

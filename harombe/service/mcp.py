@@ -200,8 +200,11 @@ async def call_tool(
         return error_result(err.kind, str(err), params.name)
     except Exception as exc:
         log.exception("mcp.call_failed", tool=params.name)
-        return error_result("InternalError", f"the call failed unexpectedly ({exc!r}); see the "
-                            "server's log", params.name)  # fmt: skip
+        return error_result(
+            "InternalError",
+            f"the call failed unexpectedly ({exc!r}); see the server's log",
+            params.name,
+        )
     finally:
         current_asker.reset(token)
     return to_call_result(result)

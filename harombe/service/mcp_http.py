@@ -135,8 +135,9 @@ class McpEndpoint:
         self.service = service
         gate = service.gate
         if gate is not None and gate.approver is service.broker:
-            who = "a client whose token is marked human" if service.tokens.enabled else (
-                "the client")  # fmt: skip
+            who = (
+                "a client whose token is marked human" if service.tokens.enabled else ("the client")
+            )
             gate.approver = ElicitingApprover(fallback=gate.approver, who=who)
         security = None
         if not service.tokens.enabled:

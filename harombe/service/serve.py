@@ -71,16 +71,21 @@ def run(args: argparse.Namespace) -> int:
     shown = f"[{host}]" if ":" in host else host
     service.broker.url = f"http://{shown}:{port}/approvals"
     print(f"harombe serve: http://{shown}:{port}  (API docs: /docs)", file=sys.stderr)
-    print(f"approvals page: http://{shown}:{port}/approvals?key={service.approval_key}",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"approvals page: http://{shown}:{port}/approvals?key={service.approval_key}",
+        file=sys.stderr,
+    )
     print(policy_line(service.gate, "serve"), file=sys.stderr, flush=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again with the handler
     # it found: this one makes that a clean exit (status 0), as a service manager expects.
     signal.signal(signal.SIGTERM, _exit_cleanly)
     settings = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                               timeout_graceful_shutdown=GRACE_S)  # fmt: skip
-    Server(settings, on_shutdown=service.begin_shutdown,
-           header_timeout_s=config.service.header_timeout_s).run()  # fmt: skip
+    Server(
+        settings,
+        on_shutdown=service.begin_shutdown,
+        header_timeout_s=config.service.header_timeout_s,
+    ).run()
     return 0
 
 

@@ -219,9 +219,11 @@ async def install_stream(
         steps: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         try:
             with tenant.run_slot():
-                task = asyncio.ensure_future(svc.tools.code_install_package(
-                    sandbox_id, body.package, body.registry, on_progress=steps.put_nowait
-                ))  # fmt: skip
+                task = asyncio.ensure_future(
+                    svc.tools.code_install_package(
+                        sandbox_id, body.package, body.registry, on_progress=steps.put_nowait
+                    )
+                )
                 try:
                     while not task.done() or not steps.empty():
                         getter = asyncio.ensure_future(steps.get())
@@ -252,10 +254,16 @@ async def health(request: Request) -> Health:
     tenant = identity.tenant
     if identity.approval_key or tenant is None or tenant.role == "approver":
         sandboxes, runs = len(svc.manager.sandboxes), sum(t.running for t in svc.tokens.tenants())
-        return Health(status=status, sandboxes=sandboxes, runs=runs, scope="service",
-                      profile=svc.profile_name)  # fmt: skip
-    return Health(status=status, sandboxes=len(svc.live(tenant)), runs=tenant.running,
-                  scope="tenant", profile=svc.profile_name)  # fmt: skip
+        return Health(
+            status=status, sandboxes=sandboxes, runs=runs, scope="service", profile=svc.profile_name
+        )
+    return Health(
+        status=status,
+        sandboxes=len(svc.live(tenant)),
+        runs=tenant.running,
+        scope="tenant",
+        profile=svc.profile_name,
+    )
 
 
 @router.get("/version", response_model=Version)

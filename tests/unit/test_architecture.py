@@ -37,8 +37,10 @@ IMPURE = {
 IMPURE_CALLS = {"open", "__import__", "exec", "eval", "compile", "input", "breakpoint"}
 #: The Docker programs; no harombe module may start them.
 DOCKER_PROGRAMS = ("docker", "dockerd", "docker-init", "containerd")
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
+#: Bounds that flag a module or function to look at, never a reason to pack lines by hand:
+#: ``ruff format`` lays out every line, and what passes these is cut by concept.
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
 #: Functions that are one data table (a dict literal), not logic: exempt from the length cap.
 TABLES = {("harombe.security.runtime.sandbox", "container_spec")}
 
@@ -325,7 +327,7 @@ def _long_functions() -> Iterator[tuple[str, str, int]]:
 
 
 def test_modules_are_a_readable_size() -> None:
-    """No module is over ~400 lines."""
+    """No module is over ~600 lines (formatted)."""
     big = {
         name: n
         for name, path in ALL.items()
@@ -335,7 +337,7 @@ def test_modules_are_a_readable_size() -> None:
 
 
 def test_functions_are_a_readable_size() -> None:
-    """No function is over ~60 lines, data tables aside."""
+    """No function is over ~80 lines (formatted), data tables aside."""
     assert list(_long_functions()) == []
 
 

@@ -345,6 +345,8 @@ def gate_from_config(
     rules += [HITLRule(**rule.model_dump()) for rule in hitl.rules]
     chosen = approver or approver_from_config(hitl, surface=surface_approver)
     return HITLGate(
-        RiskClassifier(rules), chosen, auto_approve_low_risk=hitl.auto_approve_low_risk,
+        RiskClassifier(rules),
+        chosen,
+        auto_approve_low_risk=hitl.auto_approve_low_risk,
         auto_approve_up_to=hitl.auto_level,
-    )  # fmt: skip
+    )

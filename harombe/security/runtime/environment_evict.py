@@ -66,9 +66,12 @@ def held_keys(store: EnvironmentStore, *, now: float) -> set[str]:
 
 
 def evict(
-    store: EnvironmentStore, in_use: Collection[str], *, now: float | None = None,
+    store: EnvironmentStore,
+    in_use: Collection[str],
+    *,
+    now: float | None = None,
     need_bytes: int = 0,
-) -> tuple[list[str], int]:  # fmt: skip
+) -> tuple[list[str], int]:
     """Remove least recently used environments until the cache, plus ``need_bytes`` about to
     be added, fits its size; never one in ``in_use`` (this process's) or held by a process
     (see the module docstring). The keys removed and the bytes that stay in the cache. Debris

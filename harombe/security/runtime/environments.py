@@ -147,8 +147,14 @@ class EnvironmentStore:
     def open(self) -> None:
         """Create the layout; raises :class:`ConfigError` naming the directory if it cannot."""
         try:
-            for name, mode in (("envs", 0o755), ("requests", 0o700), ("used", 0o700),
-                               ("locks", 0o700), ("tmp", 0o700), ("holds", 0o700)):  # fmt: skip
+            for name, mode in (
+                ("envs", 0o755),
+                ("requests", 0o700),
+                ("used", 0o700),
+                ("locks", 0o700),
+                ("tmp", 0o700),
+                ("holds", 0o700),
+            ):
                 (self.directory / name).mkdir(parents=True, exist_ok=True)
                 os.chmod(self.directory / name, mode)
             os.chmod(self.directory, 0o755)
@@ -176,8 +182,11 @@ class EnvironmentStore:
         (``holds``). ``on_progress`` is told each step (:mod:`.install_progress`).
         Raises :class:`PackageFetchError` (or :class:`~harombe.errors.PackageSpecError`)
         naming the requirement that failed, or the cache's size when it cannot make room."""
-        say = (on_progress if isinstance(on_progress, Reporter)
-               else Reporter(on_progress, requirements=list(requirements)))  # fmt: skip
+        say = (
+            on_progress
+            if isinstance(on_progress, Reporter)
+            else Reporter(on_progress, requirements=list(requirements))
+        )
         wanted = request_hash(requirements, target, constraints, self.index_urls)
         if not refresh:
             recent = self._recent.get(wanted)
@@ -240,8 +249,11 @@ class EnvironmentStore:
         async with contextlib.AsyncExitStack() as areas:
             wheels = await self._resolve(areas, requirements, target, constraints, say)
             total = sum(w.path.stat().st_size for w in wheels)
-            await say("resolving", f"resolved {len(wheels)} distributions: "
-                      + ", ".join(w.label for w in wheels), bytes=total)  # fmt: skip
+            await say(
+                "resolving",
+                f"resolved {len(wheels)} distributions: " + ", ".join(w.label for w in wheels),
+                bytes=total,
+            )
             hashed = await asyncio.to_thread(lambda: [(w, sha256_of(w.path)) for w in wheels])
             key = environment_key([(w.path.name, h) for w, h in hashed], target)
             self.holds.hold_briefly(key)
@@ -277,9 +289,15 @@ class EnvironmentStore:
 
     # -- building ---------------------------------------------------------------------------
 
-    def _build(self, key: str, hashed: Sequence[tuple[Wheel, str]],
-               requirements: tuple[str, ...], target: Target, *,
-               step: Callable[..., None] | None = None) -> Environment:  # fmt: skip
+    def _build(
+        self,
+        key: str,
+        hashed: Sequence[tuple[Wheel, str]],
+        requirements: tuple[str, ...],
+        target: Target,
+        *,
+        step: Callable[..., None] | None = None,
+    ) -> Environment:
         """Unpack ``hashed`` into a staging tree, make room for it (or refuse) and publish it
         as ``key``; ``step(stage, text)`` is told each step. Blocking: run it in a thread."""
         tell = step or (lambda *_args: None)

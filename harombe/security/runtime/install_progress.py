@@ -35,9 +35,15 @@ Stage = Literal[
     "done",
 ]  # fmt: skip
 STAGES: tuple[Stage, ...] = (
-    "resolving", "downloading", "unpacking", "compiling", "installing", "linking", "checking",
+    "resolving",
+    "downloading",
+    "unpacking",
+    "compiling",
+    "installing",
+    "linking",
+    "checking",
     "done",
-)  # fmt: skip
+)
 
 
 class InstallProgress(str):
@@ -61,8 +67,12 @@ class InstallProgress(str):
 
     def as_dict(self) -> dict[str, Any]:
         """``{"stage", "package", "bytes", "message"}``: the JSON form."""
-        return {"stage": self.stage, "package": self.package, "bytes": self.bytes,
-                "message": self.message}  # fmt: skip
+        return {
+            "stage": self.stage,
+            "package": self.package,
+            "bytes": self.bytes,
+            "message": self.message,
+        }
 
     def __repr__(self) -> str:
         return f"InstallProgress({self.message!r}, stage={self.stage!r})"
@@ -89,8 +99,14 @@ class Reporter:
     ) -> None:
         name = None if package is None else printable(package)
         event = InstallProgress(printable(message), stage=stage, package=name, bytes=bytes)
-        log.debug("install.progressed", stage=stage, package=package, bytes=bytes,
-                  message=message, **self._context)  # fmt: skip
+        log.debug(
+            "install.progressed",
+            stage=stage,
+            package=package,
+            bytes=bytes,
+            message=message,
+            **self._context,
+        )
         if self._callback is None:
             return
         try:

@@ -100,9 +100,12 @@ class Installs:
         return str(self.store.envs) if self.store is not None else None
 
     async def install(
-        self, box: Sandbox, spec: packages.PackageSpec, *,
+        self,
+        box: Sandbox,
+        spec: packages.PackageSpec,
+        *,
         on_progress: ProgressCallback | None = None,
-    ) -> ExecutionResult:  # fmt: skip
+    ) -> ExecutionResult:
         """Install ``spec`` into ``box``, which stays offline throughout; a failed install is
         in the result. ``on_progress`` is told each step (:mod:`.install_progress`); the build's
         own output goes to the debug log, never to this process's stderr. Raises
@@ -118,8 +121,12 @@ class Installs:
                 archive, npm_output = await packages.fetch_npm(
                     spec, registry=self._npm_registry, allowed_hosts=self._npm_hosts
                 )
-                await say("installing", f"copying node_modules ({len(archive)} bytes) into "
-                          "the sandbox", package=spec.text, bytes=len(archive))  # fmt: skip
+                await say(
+                    "installing",
+                    f"copying node_modules ({len(archive)} bytes) into the sandbox",
+                    package=spec.text,
+                    bytes=len(archive),
+                )
                 await self._files.untar(box, archive, root=f"{HOME}/node_modules")
                 await say("done", f"installed {spec.text}", package=spec.text)
                 return self._install_result(box, npm_output, time.perf_counter() - started)
@@ -151,13 +158,20 @@ class Installs:
         assert self.store is not None
         started = time.perf_counter()
         env = await self.store.ensure([spec.text], target=self.target(box), on_progress=say)
-        await say("linking", f"linking {len(env.wheels)} distributions into the sandbox",
-                  package=spec.text, bytes=env.size_bytes)  # fmt: skip
+        await say(
+            "linking",
+            f"linking {len(env.wheels)} distributions into the sandbox",
+            package=spec.text,
+            bytes=env.size_bytes,
+        )
         result = await self.link(box, env)
         warnings = []
         if result.success and not self.store.import_checked(env.key):
-            await say("checking", f"importing {spec.name} once (NumPy and another compiled "
-                      "extension)", package=spec.text)  # fmt: skip
+            await say(
+                "checking",
+                f"importing {spec.name} once (NumPy and another compiled extension)",
+                package=spec.text,
+            )
             # Isolated (-I): what the sandbox's code planted in its user site cannot make the
             # shared verdict pass; only a clean exit with nothing on stderr marks it.
             check = await self._import_check(box, spec, paths=[env.site])
@@ -167,8 +181,9 @@ class Installs:
             if _numpy_abi_break(stderr):
                 # Built against NumPy 1.x, resolved with NumPy 2: the set again with numpy<2.
                 await self.unlink(box, env)
-                env = await self.store.ensure([spec.text], target=self.target(box),
-                                              constraints=NUMPY_1, on_progress=say)  # fmt: skip
+                env = await self.store.ensure(
+                    [spec.text], target=self.target(box), constraints=NUMPY_1, on_progress=say
+                )
                 result = await self.link(box, env)
                 warnings.append(
                     f"{spec.text} was built against NumPy 1.x and fails to import with NumPy "
@@ -225,9 +240,13 @@ class Installs:
         return f"{HOME}/.local/lib/python{minor}/site-packages"
 
     async def _install_pypi(
-        self, box: Sandbox, spec: packages.PackageSpec, say: Reporter, *,
+        self,
+        box: Sandbox,
+        spec: packages.PackageSpec,
+        say: Reporter,
+        *,
         constraints: Sequence[str] = (),
-    ) -> ExecutionResult:  # fmt: skip
+    ) -> ExecutionResult:
         target = self.target(box)
         await say("resolving", f"resolving {spec.text}", package=spec.text)
         archive = await packages.fetch_pypi(
@@ -235,8 +254,12 @@ class Installs:
             constraints=constraints, index_urls=self._index_urls,
             allowed_hosts=self._pypi_hosts, report=say,
         )  # fmt: skip
-        await say("installing", f"installing {spec.text} with the sandbox's pip",
-                  package=spec.text, bytes=len(archive))  # fmt: skip
+        await say(
+            "installing",
+            f"installing {spec.text} with the sandbox's pip",
+            package=spec.text,
+            bytes=len(archive),
+        )
         # A fresh, unguessable directory: code in the sandbox cannot have planted it (the
         # untar refuses a symlink anywhere on the way, too).
         wheels = f"/tmp/harombe-wheels-{secrets.token_hex(8)}"

@@ -300,9 +300,13 @@ class SandboxManager(PoolMixin):
             return await self._replace(box, exc, language=language or box.language, started=started)
 
     async def install_package(
-        self, sandbox_id: str, package: str, registry: str = "pypi", *,
+        self,
+        sandbox_id: str,
+        package: str,
+        registry: str = "pypi",
+        *,
         on_progress: ProgressCallback | None = None,
-    ) -> ExecutionResult:  # fmt: skip
+    ) -> ExecutionResult:
         """Install a registry package into the sandbox, which stays offline throughout;
         ``on_progress`` (sync or async) is told each step (:mod:`.install_progress`)."""
         spec = packages.parse_spec(package, registry)

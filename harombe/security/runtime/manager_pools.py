@@ -61,8 +61,14 @@ class PoolMixin:
         # environment's key for the pools of environments.
         # A closure over collaborators, never a method of the manager: a call travels one way.
         launch = pooled_launch(launcher, self.environments, self._profiles)
-        return WarmPool(launch, launcher.discard, size=pool.size, max_age_s=pool.max_age_s,
-                        probe=launcher.answers, lazy=self.lazy_pool)  # fmt: skip
+        return WarmPool(
+            launch,
+            launcher.discard,
+            size=pool.size,
+            max_age_s=pool.max_age_s,
+            probe=launcher.answers,
+            lazy=self.lazy_pool,
+        )
 
     def pool_key(self, language: Language, profile: Profile | None = None) -> tuple[str, ...]:
         """The warm-pool key of ``language``'s sandboxes: language, image, runtime, limits and

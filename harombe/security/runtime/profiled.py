@@ -113,8 +113,9 @@ def load_profile_set(directory: str | os.PathLike[str] | None) -> ProfileSet:
     where = None if directory is None else os.fspath(directory)
     found = assemble(documents, problems, directory=where, shipped=shipped_names())
     for problem in found.problems:
-        log.warning("profile.disabled", profile=problem.profile, file=problem.path,
-                    error=problem.message)  # fmt: skip
+        log.warning(
+            "profile.disabled", profile=problem.profile, file=problem.path, error=problem.message
+        )
     for profile in found.profiles.values():
         for warning in import_warnings(profile):
             log.warning("profile.risky_import_allowed", profile=profile.name, warning=warning)

@@ -225,9 +225,13 @@ def check_fetched_hosts(
 
 
 async def fetch_tree(
-    area: FetchArea, npm: str, spec_text: str, *, registry: str | None = None,
+    area: FetchArea,
+    npm: str,
+    spec_text: str,
+    *,
+    registry: str | None = None,
     allowed_hosts: Collection[str] = (),
-) -> tuple[Path, str]:  # fmt: skip
+) -> tuple[Path, str]:
     """Resolve, check and install ``spec_text``; the ``node_modules`` directory and npm's
     output. See the module docstring for the steps and for ``registry``. With
     ``allowed_hosts``, every request npm made must have gone to one of them (read from its

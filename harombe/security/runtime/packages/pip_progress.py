@@ -89,8 +89,9 @@ async def ticking(download: Download, work: Path) -> AsyncIterator[None]:
             if now > last:
                 last = now
                 total = download.fetched_bytes[0] + now
-                await download.report("downloading", f"downloaded {human_bytes(total)} so far",
-                                      bytes=total)  # fmt: skip
+                await download.report(
+                    "downloading", f"downloaded {human_bytes(total)} so far", bytes=total
+                )
 
     task = asyncio.create_task(tick())
     try:

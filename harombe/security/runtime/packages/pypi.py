@@ -275,8 +275,9 @@ async def resolve(
         limits[canonicalize_name(limit.name)] = limit.specifier
     numpy_fixed = "numpy" in limits
     env_markers = target.marker_env()
-    download = Download(area, await pip_runtime(area), target, platforms, index_urls,
-                        allowed_hosts, report)  # fmt: skip
+    download = Download(
+        area, await pip_runtime(area), target, platforms, index_urls, allowed_hosts, report
+    )
     picks: dict[str, Wheel] = {}
     for _ in range(MAX_ROUNDS):
         wants = wanted(root, picks, env_markers, limits)
@@ -314,8 +315,11 @@ async def _limit_numpy(
     old = await asyncio.to_thread(numpy_1_builds, list(level.values()))
     if old:
         limits["numpy"] = SpecifierSet("<2")
-        await download.report("resolving", f"limiting numpy to <2: {', '.join(old)} were "
-                              "built against NumPy 1.x", package="numpy")  # fmt: skip
+        await download.report(
+            "resolving",
+            f"limiting numpy to <2: {', '.join(old)} were built against NumPy 1.x",
+            package="numpy",
+        )
     return bool(old)
 
 
@@ -327,8 +331,9 @@ async def _fetch_level(
     dest = work / "wheels"  # made by pip, as the download user
     names = ", ".join(w.pip_text for w in todo[:8]) + (", ..." if len(todo) > 8 else "")
     plural = "s" if len(todo) != 1 else ""
-    await download.report("resolving", f"fetching {len(todo)} distribution{plural}: {names}",
-                          package=root)  # fmt: skip
+    await download.report(
+        "resolving", f"fetching {len(todo)} distribution{plural}: {names}", package=root
+    )
 
     async def on_line(line: str) -> None:
         await on_pip_line(download, line)

@@ -201,8 +201,15 @@ def read_requires_dist(path: Path) -> list[str]:
                     )
                 with wheel.open(members[0]) as meta:
                     raw = meta.read(METADATA_MAX_BYTES + 1)
-        except (zipfile.BadZipFile, OSError, EOFError, RuntimeError, NotImplementedError,
-                zlib.error, lzma.LZMAError) as exc:  # fmt: skip
+        except (
+            zipfile.BadZipFile,
+            OSError,
+            EOFError,
+            RuntimeError,
+            NotImplementedError,
+            zlib.error,
+            lzma.LZMAError,
+        ) as exc:
             raise PackageFetchError(f"{path.name} is not a valid wheel: {exc}") from None
     headers = HeaderParser().parsestr(raw[:METADATA_MAX_BYTES].decode("utf-8", "replace"))
     return [str(v) for v in headers.get_all("Requires-Dist") or []]
@@ -261,8 +268,15 @@ def built_against_numpy_1(path: Path) -> bool:
                         tail = window[-keep:]
                 if old and not new:
                     return True
-    except (OSError, zipfile.BadZipFile, EOFError, RuntimeError, NotImplementedError,
-            zlib.error, lzma.LZMAError):  # fmt: skip
+    except (
+        OSError,
+        zipfile.BadZipFile,
+        EOFError,
+        RuntimeError,
+        NotImplementedError,
+        zlib.error,
+        lzma.LZMAError,
+    ):
         return False
     return False
 
