@@ -136,17 +136,25 @@ def _warn(message: str) -> None:
 _UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
 
 
-def _escaped(text: str) -> str:
-    if len(text) > MAX_VALUE_CHARS:
-        text = f"{text[:MAX_VALUE_CHARS]}…({len(text)} characters)"
+def escape_unsafe(text: str, *, keep: str = "") -> str:
+    """``text`` with control characters (C0, DEL, C1) and invisible ones (zero-width,
+    bidirectional, line separators, surrogates) escaped as ``\\x1b``, ``\\u202e``, except
+    those in ``keep``: text from a caller or a sandbox, shown on a terminal, cannot move the
+    cursor, recolour, reorder or hide what is around it."""
     if text.isprintable():
         return text
     return "".join(
         char.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(char) in _UNSAFE
+        if char not in keep and unicodedata.category(char) in _UNSAFE
         else char
         for char in text
     )
+
+
+def _escaped(text: str) -> str:
+    if len(text) > MAX_VALUE_CHARS:
+        text = f"{text[:MAX_VALUE_CHARS]}…({len(text)} characters)"
+    return escape_unsafe(text)
 
 
 def escape_for_console(

@@ -29,7 +29,7 @@ bytes are the program's).
 
 from __future__ import annotations
 
-import unicodedata
+from harombe.logs import escape_unsafe
 
 ESC, BEL, CAN, SUB, DEL = 0x1B, 0x07, 0x18, 0x1A, 0x7F
 #: Control characters plain text keeps: backspace, tab, newline, carriage return.
@@ -260,18 +260,7 @@ class ShellFilter(_Filter):
         return True
 
 
-_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-
-
 def printable(text: str, *, keep: str = "\n\t") -> str:
-    """``text`` with control characters (C0, DEL, C1) and invisible ones (zero-width,
-    bidirectional, line separators) escaped as ``\\x1b``, ``\\u202e``, except those in ``keep``:
-    for harombe's own lines that quote what a sandbox chose."""
-    if text.isprintable():
-        return text
-    return "".join(
-        char.encode("unicode_escape").decode("ascii")
-        if char not in keep and unicodedata.category(char) in _UNSAFE
-        else char
-        for char in text
-    )
+    """:func:`harombe.logs.escape_unsafe` keeping newlines and tabs: for harombe's own lines
+    that quote what a sandbox chose."""
+    return escape_unsafe(text, keep=keep)

@@ -20,11 +20,11 @@ import math
 import os
 import sys
 import termios
-import unicodedata
 from collections.abc import Callable
 from typing import Any, TextIO
 
 from harombe.errors import ConfigError
+from harombe.logs import escape_unsafe
 from harombe.security.approval.request import ApprovalRequest, ApprovalResponse, Approver
 from harombe.security.policy.rules import RiskLevel
 
@@ -122,23 +122,10 @@ def approver_from_config(hitl: Any, *, surface: Approver | None = None) -> Appro
     return TerminalApprover() if stdin_is_tty() else NobodyToAsk()
 
 
-#: Unicode categories escaped on the prompt: controls (C0, DEL, C1), format characters
-#: (bidirectional overrides, zero-width), line and paragraph separators, lone surrogates.
-_UNSAFE = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-
-
 def _visible(text: str) -> str:
-    """``text`` with control and invisible characters but tabs escaped (``\\x1b``,
-    ``\\u202e``): what a call carries cannot move the cursor, erase lines or reorder them on
-    the person's terminal, so the findings they approve are the ones on screen."""
-    if text.isprintable():
-        return text
-    return "".join(
-        char.encode("unicode_escape").decode("ascii")
-        if char != "\t" and unicodedata.category(char) in _UNSAFE  # tabs indent code
-        else char
-        for char in text
-    )
+    """:func:`harombe.logs.escape_unsafe` keeping tabs (they indent code): what a call carries
+    cannot erase, move over or hide a line of what the person approves."""
+    return escape_unsafe(text, keep="\t")
 
 
 def deny_all(request: ApprovalRequest) -> ApprovalResponse:
